@@ -1,0 +1,14 @@
+# idem_test(NAME SOURCES a.cc b.cc [LIBS x y] [LABELS l]) — a GoogleTest binary registered
+# with ctest test by test.
+function(idem_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT IDEM_BUILD_TESTS)
+    return()
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE idem idem_flags idem_testing GTest::gtest GTest::gmock
+                                        GTest::gtest_main ${T_LIBS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR})
+  include(GoogleTest)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${T_LABELS}")
+endfunction()

@@ -1,0 +1,153 @@
+// Receiver: the gate in front of a handler (SPEC §3). It takes a message's key, reserves it in
+// the store, runs the handler once, stores the outcome, and answers duplicates with it.
+//
+//   idem::Receiver receiver(*store, {.scope = "payments"});
+//   auto r = receiver.Receive({.key = msg.id, .payload = msg.body},
+//                             [&](const idem::HandlerContext& c) -> idem::HandlerResult {
+//                               return {idem::Outcome::kSuccess, Charge(c.key, c.attempt)};
+//                             });
+//   if (!r) { /* store unreachable or bad input: do not acknowledge; retry later */ }
+//
+// Answers (Delivered::delivery): kExecuted (the handler ran here), kReplayed (stored outcome),
+// kCoalesced (a concurrent duplicate in this process waited for the first execution and got its
+// outcome), kBusy (another worker holds the key: retry later), kConflict (key reused for a
+// different payload). A non-ok Result means "could not decide" and nothing may be acknowledged
+// to the transport: kInvalidArgument (bad key, bad JSON), kUnavailable (the store failed; the
+// handler did not run — or it ran and its outcome could not be stored, and a later delivery
+// will run it again after the lease with attempt+1), kAborted (the handler ran but its lease
+// was lost to a newer worker, which owns the outcome).
+//
+// Thread-safe. The store, clock and metrics must outlive the receiver.
+#ifndef IDEM_RECEIVER_H_
+#define IDEM_RECEIVER_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "idem/clock.h"
+#include "idem/key.h"
+#include "idem/metrics.h"
+#include "idem/record.h"
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem {
+
+enum class BusyPolicy : std::uint8_t {
+  kReject,    // answer kBusy at once
+  kWait,      // poll the store until the outcome is there or busy_wait runs out
+  kCoalesce,  // duplicates in this process wait for the first execution; others as kWait
+};
+enum class FailurePolicy : std::uint8_t {
+  kRelease,   // a failed handler releases the key: the next delivery runs again (default)
+  kRemember,  // a failure is final: stored with failure_retention and replayed
+};
+enum class FingerprintMode : std::uint8_t { kNone, kBytes, kJson };
+
+// Where the key comes from when Message::key is empty.
+struct KeySource {
+  enum class Kind : std::uint8_t { kExplicit, kHeader, kJsonPointer, kFingerprint };
+  Kind kind = Kind::kExplicit;
+  std::string name{};// header name (case-insensitive) or JSON pointer
+
+  static KeySource Explicit() { return {}; }
+  static KeySource Header(std::string name) { return {Kind::kHeader, std::move(name)}; }
+  static KeySource JsonPointer(std::string ptr) { return {Kind::kJsonPointer, std::move(ptr)}; }
+  // The hex fingerprint of the payload (per fingerprint mode; kBytes when kNone).
+  static KeySource Fingerprint() { return {Kind::kFingerprint, {}}; }
+};
+
+using Header = std::pair<std::string_view, std::string_view>;
+
+struct Message {
+  std::string_view key{};  // when non-empty, the key; else taken per ReceiverOptions::key_source
+  std::string_view payload{};
+  std::span<const Header> headers{};
+};
+
+struct ReceiverOptions {
+  std::string scope{};
+  std::chrono::milliseconds lease{30'000};
+  std::chrono::milliseconds retention{24 * 3600 * 1000};
+  std::chrono::milliseconds failure_retention{3600 * 1000};
+  BusyPolicy busy_policy = BusyPolicy::kReject;
+  std::chrono::milliseconds busy_wait{5'000};  // bound for kWait and kCoalesce
+  FailurePolicy failure_policy = FailurePolicy::kRelease;
+  FingerprintMode fingerprint = FingerprintMode::kNone;
+  KeySource key_source{};
+  std::size_t max_key_bytes = kDefaultMaxKeyBytes;
+  Clock* clock = nullptr;      // nullptr: Clock::System()
+  Metrics* metrics = nullptr;  // nullptr: not counted
+};
+
+// What the handler is given: the key, the attempt number and the fencing token, so downstream
+// calls can be made idempotent too (pass the key to a payment provider).
+struct HandlerContext {
+  std::string_view scope{};
+  std::string_view key{};
+  std::uint32_t attempt = 1;
+  Token token = 0;
+  std::string_view payload{};
+};
+
+struct HandlerResult {
+  Outcome outcome = Outcome::kSuccess;
+  std::string response{};
+};
+
+// A handler that throws is treated as returning kFailure with the exception's message.
+using Handler = std::function<HandlerResult(const HandlerContext&)>;
+
+enum class Delivery : std::uint8_t { kExecuted, kReplayed, kCoalesced, kBusy, kConflict, kStale };
+std::string_view DeliveryName(Delivery d);
+
+struct Delivered {
+  Delivery delivery = Delivery::kExecuted;
+  std::string key{};                    // the key used (after extraction)
+  Outcome outcome = Outcome::kSuccess;  // kExecuted, kReplayed, kCoalesced
+  std::string response{};                 // kExecuted, kReplayed, kCoalesced
+  std::uint32_t attempt = 0;            // the attempt that produced the outcome
+  bool released = false;                // kExecuted with a failure under kRelease
+};
+
+class Receiver {
+ public:
+  Receiver(Store& store, ReceiverOptions options);
+  ~Receiver();
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  Result<Delivered> Receive(const Message& message, const Handler& handler);
+
+  // The key Receive would use for `message`, validated.
+  Result<std::string> KeyOf(const Message& message) const;
+
+  const ReceiverOptions& options() const { return options_; }
+
+ private:
+  struct Flights;
+  Result<Delivered> Run(std::string key, const std::optional<Fingerprint>& fp,
+                        const Message& message, const Handler& handler);
+  Result<Delivered> Execute(std::string key, const Acquired& acquired, const Message& message,
+                            const Handler& handler);
+  Result<Delivered> WaitForOutcome(std::string key, const std::optional<Fingerprint>& fp,
+                                   const Message& message, const Handler& handler);
+  Result<BeginAnswer> TimedBegin(const BeginRequest& req);
+  Result<std::optional<Fingerprint>> FingerprintOf(const Message& message) const;
+
+  Store& store_;
+  ReceiverOptions options_;
+  Clock& clock_;
+  std::unique_ptr<Flights> flights_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_RECEIVER_H_

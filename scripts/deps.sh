@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what idem needs to build and test, from Debian 12's packages only.
+# Idempotent: apt-get skips what is already there. Needs root (CI runs as root).
+set -euo pipefail
+packages=(
+  build-essential g++ cmake ninja-build pkg-config git
+  libssl-dev          # OpenSSL 3: SHA-256 (SHA-NI accelerated)
+  libabsl-dev         # abseil: hashing and flat_hash_map
+  libgtest-dev libgmock-dev   # GoogleTest
+  libbenchmark-dev    # Google Benchmark
+  clang clang-format  # libFuzzer targets, format check
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what it needs, checks formatting, then builds
+# and runs every test under ASan+UBSan and under TSan (warnings are errors), builds the release
+# (benchmarks included) and checks that another CMake project can find_package(idem).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+jobs=${JOBS:-2}
+
+echo "== clang-format"
+scripts/format.sh --check
+
+run_suite() {
+  local preset=$1
+  echo "== build $preset"
+  cmake --preset "$preset" >/dev/null
+  cmake --build "build/$preset" -j "$jobs"
+  echo "== test $preset"
+  ctest --test-dir "build/$preset" -j "$jobs" --output-on-failure --timeout 600
+}
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+run_suite ci-debug
+run_suite ci-tsan
+
+echo "== build ci-release (benchmarks, example) and package check"
+cmake --preset ci-release >/dev/null
+cmake --build build/ci-release -j "$jobs"
+ctest --test-dir build/ci-release -j "$jobs" --output-on-failure --timeout 600 -R example
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build/ci-release --prefix "$prefix" >/dev/null
+cmake -S tests/package -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$prefix/consumer" >/dev/null
+"$prefix/consumer/idem_consumer"
+echo "== all suites passed"

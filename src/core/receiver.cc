@@ -1,0 +1,320 @@
+#include "idem/receiver.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "idem/fingerprint.h"
+
+namespace idem {
+
+std::string_view DeliveryName(Delivery d) {
+  switch (d) {
+    case Delivery::kExecuted: return "executed";
+    case Delivery::kReplayed: return "replayed";
+    case Delivery::kCoalesced: return "coalesced";
+    case Delivery::kBusy: return "busy";
+    case Delivery::kConflict: return "conflict";
+    case Delivery::kStale: return "stale";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool HeaderNameEquals(std::string_view a, std::string_view b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; };
+    return lower(x) == lower(y);
+  });
+}
+
+// Store errors become kUnavailable (retry the call) unless they say the input is bad:
+// the receiver fails closed and never turns a store error into a guess.
+Status StoreError(const Status& s, std::string_view what) {
+  if (s.code() == StatusCode::kInvalidArgument) return s;
+  return UnavailableError(std::string(what) + ": " + s.ToString());
+}
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  std::chrono::nanoseconds Elapsed() const { return std::chrono::steady_clock::now() - start_; }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+// In-process executions of a key, for BusyPolicy::kCoalesce: the first caller runs, concurrent
+// duplicates wait for its result.
+struct Receiver::Flights {
+  struct Flight {
+    std::mutex mu;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::optional<Result<Delivered>> result;
+  };
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<std::string, std::shared_ptr<Flight>> by_key;
+  };
+  static constexpr std::size_t kShards = 16;
+  std::array<Shard, kShards> shards;
+
+  Shard& ShardOf(const std::string& key) {
+    return shards[std::hash<std::string>{}(key) % kShards];
+  }
+};
+
+Receiver::Receiver(Store& store, ReceiverOptions options)
+    : store_(store),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
+      flights_(std::make_unique<Flights>()) {}
+
+Receiver::~Receiver() = default;
+
+Result<std::optional<Fingerprint>> Receiver::FingerprintOf(const Message& message) const {
+  switch (options_.fingerprint) {
+    case FingerprintMode::kNone: return std::optional<Fingerprint>();
+    case FingerprintMode::kBytes: return std::optional<Fingerprint>(FingerprintBytes(message.payload));
+    case FingerprintMode::kJson: {
+      auto fp = FingerprintJson(message.payload);
+      if (!fp) return Status(fp.error().code(), "payload: " + fp.error().message());
+      return std::optional<Fingerprint>(*fp);
+    }
+  }
+  return InternalError("unknown fingerprint mode");
+}
+
+Result<std::string> Receiver::KeyOf(const Message& message) const {
+  std::string key;
+  if (!message.key.empty()) {
+    key = message.key;
+  } else {
+    const KeySource& src = options_.key_source;
+    switch (src.kind) {
+      case KeySource::Kind::kExplicit:
+        break;  // empty: rejected below
+      case KeySource::Kind::kHeader: {
+        auto it = std::find_if(message.headers.begin(), message.headers.end(),
+                               [&](const Header& h) { return HeaderNameEquals(h.first, src.name); });
+        if (it == message.headers.end()) {
+          return InvalidArgumentError("no idempotency key: header " + src.name + " is missing");
+        }
+        key = it->second;
+        break;
+      }
+      case KeySource::Kind::kJsonPointer: {
+        auto text = JsonPointerText(message.payload, src.name);
+        if (!text) {
+          return InvalidArgumentError("no idempotency key at JSON pointer \"" + src.name +
+                                      "\": " + text.error().message());
+        }
+        key = std::move(*text);
+        break;
+      }
+      case KeySource::Kind::kFingerprint: {
+        if (options_.fingerprint == FingerprintMode::kJson) {
+          auto fp = FingerprintJson(message.payload);
+          if (!fp) return InvalidArgumentError("payload: " + fp.error().message());
+          key = fp->Hex();
+        } else {
+          key = FingerprintBytes(message.payload).Hex();
+        }
+        break;
+      }
+    }
+  }
+  IDEM_RETURN_IF_ERROR(ValidateKey(key, options_.max_key_bytes));
+  return key;
+}
+
+Result<Delivered> Receiver::Receive(const Message& message, const Handler& handler) {
+  auto fp = FingerprintOf(message);
+  if (!fp) return fp.error();
+  auto key = KeyOf(message);
+  if (!key) return key.error();
+
+  if (options_.busy_policy != BusyPolicy::kCoalesce) return Run(std::move(*key), *fp, message, handler);
+
+  auto& shard = flights_->ShardOf(*key);
+  std::shared_ptr<Flights::Flight> flight;
+  bool leader = false;
+  {
+    std::lock_guard lock(shard.mu);
+    auto [it, inserted] = shard.by_key.try_emplace(*key);
+    if (inserted) it->second = std::make_shared<Flights::Flight>();
+    flight = it->second;
+    leader = inserted;
+  }
+  if (!leader) {
+    std::unique_lock lock(flight->mu);
+    bool done = flight->done_cv.wait_for(lock, options_.busy_wait, [&] { return flight->done; });
+    if (!done) return Delivered{.delivery = Delivery::kBusy, .key = std::move(*key)};
+    if (options_.metrics != nullptr) options_.metrics->coalesced->Inc();
+    Result<Delivered> copy = *flight->result;
+    if (copy && (copy->delivery == Delivery::kExecuted || copy->delivery == Delivery::kReplayed)) {
+      copy->delivery = Delivery::kCoalesced;
+    }
+    return copy;
+  }
+  Result<Delivered> result = Run(*key, *fp, message, handler);
+  {
+    std::lock_guard lock(shard.mu);
+    shard.by_key.erase(*key);
+  }
+  {
+    std::lock_guard lock(flight->mu);
+    flight->result = result;
+    flight->done = true;
+  }
+  flight->done_cv.notify_all();
+  return result;
+}
+
+Result<BeginAnswer> Receiver::TimedBegin(const BeginRequest& req) {
+  Stopwatch sw;
+  auto answer = store_.Begin(req);
+  Metrics* m = options_.metrics;
+  if (m == nullptr) return answer;
+  m->store_begin_seconds->ObserveDuration(sw.Elapsed());
+  if (!answer) {
+    m->store_errors->Inc();
+    return answer;
+  }
+  std::visit(
+      [&](const auto& a) {
+        using T = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<T, Acquired>) {
+          m->begin_acquired->Inc();
+          if (a.attempt > 1) m->takeovers->Inc();
+        } else if constexpr (std::is_same_v<T, Busy>) {
+          m->begin_busy->Inc();
+        } else if constexpr (std::is_same_v<T, Replay>) {
+          m->begin_replay->Inc();
+        } else if constexpr (std::is_same_v<T, Conflict>) {
+          m->begin_conflict->Inc();
+        } else {
+          m->begin_stale->Inc();
+        }
+      },
+      *answer);
+  return answer;
+}
+
+Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint>& fp,
+                                const Message& message, const Handler& handler) {
+  auto answer = TimedBegin({options_.scope, key, fp, options_.lease});
+  if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
+  if (auto* a = std::get_if<Acquired>(&*answer)) return Execute(std::move(key), *a, message, handler);
+  if (auto* r = std::get_if<Replay>(&*answer)) {
+    return Delivered{.delivery = Delivery::kReplayed,
+                     .key = std::move(key),
+                     .outcome = r->outcome,
+                     .response = std::move(r->response),
+                     .attempt = r->attempt};
+  }
+  if (std::holds_alternative<Busy>(*answer)) {
+    if (options_.busy_policy == BusyPolicy::kReject) {
+      return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
+    }
+    return WaitForOutcome(std::move(key), fp, message, handler);
+  }
+  if (std::holds_alternative<Conflict>(*answer)) {
+    return Delivered{.delivery = Delivery::kConflict, .key = std::move(key)};
+  }
+  return Delivered{.delivery = Delivery::kStale, .key = std::move(key)};
+}
+
+Result<Delivered> Receiver::WaitForOutcome(std::string key, const std::optional<Fingerprint>& fp,
+                                           const Message& message, const Handler& handler) {
+  const Timestamp deadline = clock_.Now() + options_.busy_wait;
+  std::chrono::milliseconds backoff{1};
+  constexpr std::chrono::milliseconds kMaxBackoff{50};
+  for (;;) {
+    Timestamp now = clock_.Now();
+    if (now >= deadline) return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
+    clock_.SleepFor(std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          deadline - now)));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+    auto answer = TimedBegin({options_.scope, key, fp, options_.lease});
+    if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
+    if (std::holds_alternative<Busy>(*answer)) continue;
+    if (auto* a = std::get_if<Acquired>(&*answer)) {
+      return Execute(std::move(key), *a, message, handler);
+    }
+    if (auto* r = std::get_if<Replay>(&*answer)) {
+      return Delivered{.delivery = Delivery::kReplayed,
+                       .key = std::move(key),
+                       .outcome = r->outcome,
+                       .response = std::move(r->response),
+                       .attempt = r->attempt};
+    }
+    if (std::holds_alternative<Conflict>(*answer)) {
+      return Delivered{.delivery = Delivery::kConflict, .key = std::move(key)};
+    }
+    return Delivered{.delivery = Delivery::kStale, .key = std::move(key)};
+  }
+}
+
+Result<Delivered> Receiver::Execute(std::string key, const Acquired& acquired,
+                                    const Message& message, const Handler& handler) {
+  HandlerContext ctx{options_.scope, key, acquired.attempt, acquired.token, message.payload};
+  HandlerResult result;
+  Stopwatch sw;
+  try {
+    result = handler(ctx);
+  } catch (const std::exception& e) {
+    result = {Outcome::kFailure, std::string("handler threw: ") + e.what()};
+  } catch (...) {
+    result = {Outcome::kFailure, "handler threw a non-standard exception"};
+  }
+  Metrics* m = options_.metrics;
+  if (m != nullptr) m->handler_seconds->ObserveDuration(sw.Elapsed());
+
+  Delivered out{.delivery = Delivery::kExecuted,
+                .key = key,
+                .outcome = result.outcome,
+                .response = {},
+                .attempt = acquired.attempt};
+  Result<WriteAnswer> written = WriteAnswer::kApplied;
+  if (result.outcome == Outcome::kFailure && options_.failure_policy == FailurePolicy::kRelease) {
+    written = store_.Release(options_.scope, key, acquired.token);
+    out.released = true;
+    if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
+  } else {
+    Stopwatch csw;
+    written = store_.Complete({options_.scope, key, acquired.token, result.outcome, result.response,
+                               result.outcome == Outcome::kSuccess ? options_.retention
+                                                                   : options_.failure_retention});
+    if (m != nullptr) {
+      m->store_complete_seconds->ObserveDuration(csw.Elapsed());
+      if (written && *written == WriteAnswer::kApplied) {
+        (result.outcome == Outcome::kSuccess ? m->complete_success : m->complete_failure)->Inc();
+      }
+    }
+  }
+  if (!written) {
+    if (m != nullptr) m->store_errors->Inc();
+    return StoreError(written.error(), "handler ran but its outcome could not be stored");
+  }
+  if (*written == WriteAnswer::kLeaseLost) {
+    if (m != nullptr) m->lease_lost->Inc();
+    return AbortedError("handler ran but the lease on key was lost to a newer worker (attempt " +
+                        std::to_string(acquired.attempt) + ")");
+  }
+  out.response = std::move(result.response);
+  return out;
+}
+
+}  // namespace idem

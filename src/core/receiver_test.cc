@@ -1,0 +1,395 @@
+#include "idem/receiver.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <barrier>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "idem/stores/memory.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/faulty_store.h"
+
+namespace idem {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using testing::FakeClock;
+using testing::FaultyStore;
+
+class ReceiverTest : public ::testing::Test {
+ protected:
+  ReceiverTest() {
+    MemoryStoreOptions o;
+    o.clock = &clock_;
+    o.reclaim_interval = milliseconds(0);
+    store_ = NewMemoryStore(o);
+  }
+  ReceiverOptions Options() {
+    ReceiverOptions o;
+    o.scope = "payments";
+    o.clock = &clock_;
+    o.lease = milliseconds(1000);
+    return o;
+  }
+  Handler Counting(std::string response = "ok") {
+    return [this, response](const HandlerContext& c) {
+      runs_.fetch_add(1);
+      last_attempt_ = c.attempt;
+      last_token_ = c.token;
+      return HandlerResult{Outcome::kSuccess, response};
+    };
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<Store> store_;
+  std::atomic<int> runs_{0};
+  std::uint32_t last_attempt_ = 0;
+  Token last_token_ = 0;
+};
+
+TEST_F(ReceiverTest, RunsOnceAndReplays) {
+  Receiver r(*store_, Options());
+  auto first = r.Receive({.key = "pay-1", .payload = "{}"}, Counting("charged"));
+  ASSERT_TRUE(first) << first.error().ToString();
+  EXPECT_EQ(first->delivery, Delivery::kExecuted);
+  EXPECT_EQ(first->response, "charged");
+  EXPECT_EQ(first->attempt, 1u);
+  EXPECT_EQ(last_attempt_, 1u);
+  EXPECT_NE(last_token_, 0u);
+  for (int i = 0; i < 3; ++i) {
+    auto again = r.Receive({.key = "pay-1", .payload = "{}"}, Counting("charged twice"));
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->delivery, Delivery::kReplayed);
+    EXPECT_EQ(again->response, "charged");
+  }
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(ReceiverTest, HandlerGetsScopeKeyPayload) {
+  Receiver r(*store_, Options());
+  auto res = r.Receive({.key = "k", .payload = "body"}, [](const HandlerContext& c) {
+    EXPECT_EQ(c.scope, "payments");
+    EXPECT_EQ(c.key, "k");
+    EXPECT_EQ(c.payload, "body");
+    return HandlerResult{};
+  });
+  ASSERT_TRUE(res);
+}
+
+TEST_F(ReceiverTest, RejectPolicyAnswersBusyWhileRunning) {
+  Receiver r(*store_, Options());
+  auto res = r.Receive({.key = "k"}, [&](const HandlerContext&) {
+    auto inner = r.Receive({.key = "k"}, Counting());
+    EXPECT_TRUE(inner);
+    EXPECT_EQ(inner->delivery, Delivery::kBusy);
+    return HandlerResult{Outcome::kSuccess, "outer"};
+  });
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->delivery, Delivery::kExecuted);
+  EXPECT_EQ(runs_.load(), 0);
+}
+
+TEST_F(ReceiverTest, WaitPolicyTakesOverAfterTheLeaseOfADeadWorker) {
+  // Another process acquired the key and died: its lease is 200 ms.
+  auto held = store_->Begin({"payments", "k", std::nullopt, milliseconds(200)});
+  ASSERT_TRUE(held);
+  ASSERT_TRUE(std::holds_alternative<Acquired>(*held));
+  ReceiverOptions o = Options();
+  o.busy_policy = BusyPolicy::kWait;
+  o.busy_wait = milliseconds(5000);
+  Receiver r(*store_, o);
+  auto res = r.Receive({.key = "k"}, Counting());  // the fake clock advances while waiting
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->delivery, Delivery::kExecuted);
+  EXPECT_EQ(res->attempt, 2u);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(ReceiverTest, WaitPolicyIsBounded) {
+  auto held = store_->Begin({"payments", "k", std::nullopt, milliseconds(3'600'000)});
+  ASSERT_TRUE(held);
+  ReceiverOptions o = Options();
+  o.busy_policy = BusyPolicy::kWait;
+  o.busy_wait = milliseconds(300);
+  Receiver r(*store_, o);
+  Timestamp start = clock_.Now();
+  auto res = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->delivery, Delivery::kBusy);
+  EXPECT_GE(clock_.Now() - start, milliseconds(300));
+  EXPECT_LT(clock_.Now() - start, milliseconds(400));
+  EXPECT_EQ(runs_.load(), 0);
+}
+
+TEST_F(ReceiverTest, WaitPolicyReturnsTheOutcomeWhenTheHolderFinishes) {
+  auto held = store_->Begin({"payments", "k", std::nullopt, milliseconds(3'600'000)});
+  ASSERT_TRUE(held);
+  Token token = std::get<Acquired>(*held).token;
+  // A store wrapper that lets the holder finish after the waiter's second look.
+  struct FinishingStore : FaultyStore {
+    FinishingStore(Store& s, Token t) : FaultyStore(s), inner(s), token(t) {}
+    Result<BeginAnswer> Begin(const BeginRequest& req) override {
+      if (++begins == 3) {
+        EXPECT_TRUE(inner.Complete({req.scope, req.key, token, Outcome::kSuccess, "theirs"}));
+      }
+      return FaultyStore::Begin(req);
+    }
+    Store& inner;
+    Token token;
+    int begins = 0;
+  } finishing(*store_, token);
+  ReceiverOptions o = Options();
+  o.busy_policy = BusyPolicy::kWait;
+  Receiver r(finishing, o);
+  auto res = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->delivery, Delivery::kReplayed);
+  EXPECT_EQ(res->response, "theirs");
+  EXPECT_EQ(runs_.load(), 0);
+}
+
+TEST_F(ReceiverTest, CoalesceGivesEveryConcurrentDuplicateTheFirstOutcome) {
+  ReceiverOptions o = Options();
+  o.busy_policy = BusyPolicy::kCoalesce;
+  o.busy_wait = milliseconds(60'000);
+  Receiver r(*store_, o);
+  constexpr int kThreads = 16;
+  std::atomic<int> arrived{0};
+  std::vector<Result<Delivered>> results(kThreads, InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      arrived.fetch_add(1);
+      results[i] = r.Receive({.key = "order-7"}, [&](const HandlerContext&) {
+        // Hold the execution until every duplicate has arrived.
+        while (arrived.load() < kThreads) std::this_thread::yield();
+        runs_.fetch_add(1);
+        return HandlerResult{Outcome::kSuccess, "created"};
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(runs_.load(), 1);
+  int executed = 0;
+  for (auto& res : results) {
+    ASSERT_TRUE(res) << res.error().ToString();
+    EXPECT_THAT(res->delivery, ::testing::AnyOf(Delivery::kExecuted, Delivery::kCoalesced,
+                                                Delivery::kReplayed));
+    EXPECT_EQ(res->response, "created");
+    executed += res->delivery == Delivery::kExecuted;
+  }
+  EXPECT_EQ(executed, 1);
+}
+
+TEST_F(ReceiverTest, ManyThreadsManyKeysExecuteEachOnce) {
+  Receiver r(*store_, Options());
+  constexpr int kThreads = 8, kKeys = 500;
+  std::vector<std::atomic<int>> per_key(kKeys);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int k = 0; k < kKeys; ++k) {
+        std::string key = "key-" + std::to_string(k);
+        auto res = r.Receive({.key = key}, [&](const HandlerContext&) {
+          per_key[k].fetch_add(1);
+          return HandlerResult{};
+        });
+        EXPECT_TRUE(res);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kKeys; ++k) EXPECT_EQ(per_key[k].load(), 1) << k;
+}
+
+TEST_F(ReceiverTest, FailureIsReleasedByDefaultAndRunsAgain) {
+  Receiver r(*store_, Options());
+  int calls = 0;
+  auto failing = [&](const HandlerContext&) {
+    ++calls;
+    return HandlerResult{Outcome::kFailure, "card declined"};
+  };
+  auto first = r.Receive({.key = "k"}, failing);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->delivery, Delivery::kExecuted);
+  EXPECT_EQ(first->outcome, Outcome::kFailure);
+  EXPECT_TRUE(first->released);
+  auto got = store_->Get("payments", "k");
+  ASSERT_TRUE(got);
+  EXPECT_FALSE(got->has_value());
+  auto second = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->delivery, Delivery::kExecuted);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(ReceiverTest, RememberedFailureReplaysUntilItsRetention) {
+  ReceiverOptions o = Options();
+  o.failure_policy = FailurePolicy::kRemember;
+  o.failure_retention = milliseconds(10'000);
+  Receiver r(*store_, o);
+  auto first = r.Receive({.key = "k"}, [](const HandlerContext&) {
+    return HandlerResult{Outcome::kFailure, "invalid account"};
+  });
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(first->released);
+  auto again = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->delivery, Delivery::kReplayed);
+  EXPECT_EQ(again->outcome, Outcome::kFailure);
+  EXPECT_EQ(again->response, "invalid account");
+  clock_.Advance(milliseconds(10'000));
+  auto later = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(later);
+  EXPECT_EQ(later->delivery, Delivery::kExecuted);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(ReceiverTest, ThrowingHandlerIsAFailure) {
+  Receiver r(*store_, Options());
+  auto res = r.Receive({.key = "k"}, [](const HandlerContext&) -> HandlerResult {
+    throw std::runtime_error("db timeout");
+  });
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->outcome, Outcome::kFailure);
+  EXPECT_TRUE(res->released);
+  EXPECT_THAT(res->response, HasSubstr("db timeout"));
+}
+
+TEST_F(ReceiverTest, StoreDownFailsClosedWithoutRunningTheHandler) {
+  FaultyStore faulty(*store_);
+  faulty.Fail(FaultyStore::kBegin);
+  Receiver r(faulty, Options());
+  auto res = r.Receive({.key = "k"}, Counting());
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(res.error().message(), HasSubstr("handler not run"));
+  EXPECT_EQ(runs_.load(), 0);
+}
+
+TEST_F(ReceiverTest, LostCompletionIsRetryableAndRunsAgainAfterTheLease) {
+  FaultyStore faulty(*store_);
+  faulty.Fail(FaultyStore::kComplete);
+  Receiver r(faulty, Options());
+  auto res = r.Receive({.key = "k"}, Counting());
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(runs_.load(), 1);
+  faulty.Heal();
+  auto busy = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->delivery, Delivery::kBusy);
+  clock_.Advance(milliseconds(1000));
+  auto retry = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->delivery, Delivery::kExecuted);
+  EXPECT_EQ(retry->attempt, 2u);
+  EXPECT_EQ(last_attempt_, 2u);
+}
+
+TEST_F(ReceiverTest, LeaseLostToANewerWorkerIsAborted) {
+  Receiver r(*store_, Options());
+  auto res = r.Receive({.key = "k"}, [&](const HandlerContext&) {
+    clock_.Advance(milliseconds(1500));  // this handler overran its lease
+    auto other = store_->Begin({"payments", "k", std::nullopt, milliseconds(1000)});
+    EXPECT_TRUE(other && std::holds_alternative<Acquired>(*other));
+    return HandlerResult{};
+  });
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kAborted);
+}
+
+TEST_F(ReceiverTest, KeyFromHeaderJsonPointerOrFingerprint) {
+  ReceiverOptions o = Options();
+  o.key_source = KeySource::Header("Idempotency-Key");
+  Receiver by_header(*store_, o);
+  std::vector<Header> headers = {{"content-type", "json"}, {"idempotency-key", "h-1"}};
+  auto a = by_header.Receive({.headers = headers}, Counting());
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->key, "h-1");
+  auto missing = by_header.Receive({.payload = "x"}, Counting());
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.error().message(), HasSubstr("header Idempotency-Key is missing"));
+
+  o.key_source = KeySource::JsonPointer("/payment/id");
+  Receiver by_field(*store_, o);
+  auto b = by_field.Receive({.payload = R"({"payment":{"id":"p-9","amount":5}})"}, Counting());
+  ASSERT_TRUE(b) << b.error().ToString();
+  EXPECT_EQ(b->key, "p-9");
+  auto no_field = by_field.Receive({.payload = R"({"payment":{}})"}, Counting());
+  ASSERT_FALSE(no_field);
+  EXPECT_EQ(no_field.error().code(), StatusCode::kInvalidArgument);
+
+  o.key_source = KeySource::Fingerprint();
+  o.fingerprint = FingerprintMode::kJson;
+  Receiver by_fp(*store_, o);
+  auto c1 = by_fp.Receive({.payload = R"({"a":1,"b":2})"}, Counting());
+  auto c2 = by_fp.Receive({.payload = R"({ "b":2, "a":1.0 })"}, Counting());
+  ASSERT_TRUE(c1 && c2);
+  EXPECT_EQ(c1->key, c2->key);
+  EXPECT_EQ(c1->key.size(), 64u);
+  EXPECT_EQ(c2->delivery, Delivery::kReplayed);
+}
+
+TEST_F(ReceiverTest, BadKeysAndPayloadsAreSpecificErrors) {
+  ReceiverOptions o = Options();
+  o.max_key_bytes = 8;
+  o.fingerprint = FingerprintMode::kJson;
+  Receiver r(*store_, o);
+  auto empty = r.Receive({.key = "", .payload = "{}"}, Counting());
+  ASSERT_FALSE(empty);
+  EXPECT_EQ(empty.error().message(), "key is empty");
+  auto too_long = r.Receive({.key = "123456789", .payload = "{}"}, Counting());
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.error().message(), "key is 9 bytes; the limit is 8");
+  auto bad_json = r.Receive({.key = "k", .payload = "{\"a\":}"}, Counting());
+  ASSERT_FALSE(bad_json);
+  EXPECT_EQ(bad_json.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_json.error().message(), HasSubstr("payload"));
+  EXPECT_EQ(runs_.load(), 0);
+}
+
+TEST_F(ReceiverTest, SameKeyDifferentPayloadIsAConflict) {
+  ReceiverOptions o = Options();
+  o.fingerprint = FingerprintMode::kBytes;
+  Receiver r(*store_, o);
+  ASSERT_TRUE(r.Receive({.key = "k", .payload = "amount=5"}, Counting()));
+  auto other = r.Receive({.key = "k", .payload = "amount=500"}, Counting());
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->delivery, Delivery::kConflict);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(ReceiverTest, CountsEveryAnswer) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  o.fingerprint = FingerprintMode::kBytes;
+  Receiver r(*store_, o);
+  ASSERT_TRUE(r.Receive({.key = "a", .payload = "1"}, Counting()));
+  ASSERT_TRUE(r.Receive({.key = "a", .payload = "1"}, Counting()));
+  ASSERT_TRUE(r.Receive({.key = "a", .payload = "2"}, Counting()));
+  ASSERT_TRUE(r.Receive({.key = "b", .payload = "1"}, [](const HandlerContext&) {
+    return HandlerResult{Outcome::kFailure, ""};
+  }));
+  EXPECT_EQ(metrics.begin_acquired->Value(), 2u);
+  EXPECT_EQ(metrics.begin_replay->Value(), 1u);
+  EXPECT_EQ(metrics.begin_conflict->Value(), 1u);
+  EXPECT_EQ(metrics.complete_success->Value(), 1u);
+  EXPECT_EQ(metrics.releases->Value(), 1u);
+  EXPECT_EQ(metrics.handler_seconds->Count(), 2u);
+  EXPECT_THAT(registry.RenderPrometheus(),
+              HasSubstr("idem_begin_total{scope=\"payments\",answer=\"replay\"} 1"));
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,68 @@
+// FaultyStore: a Store that forwards to another and fails on demand, to test fail-closed paths.
+#ifndef IDEM_TESTS_SUPPORT_FAULTY_STORE_H_
+#define IDEM_TESTS_SUPPORT_FAULTY_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "idem/store.h"
+
+namespace idem::testing {
+
+class FaultyStore : public Store {
+ public:
+  enum Op : std::uint32_t {
+    kBegin = 1,
+    kComplete = 2,
+    kRelease = 4,
+    kExtend = 8,
+    kOperator = 16,  // Get/List/Erase/Stats/Purge
+    kSession = 32,
+    kVersion = 64,
+    kAll = 127,
+  };
+
+  explicit FaultyStore(Store& inner) : inner_(inner) {}
+
+  // Every call to an op in `ops` fails with kUnavailable until Heal(). The inner store is not
+  // called, so nothing changes.
+  void Fail(std::uint32_t ops) { failing_.store(ops); }
+  void Heal() { failing_.store(0); }
+  // How many calls were refused.
+  std::uint64_t refused() const { return refused_.load(); }
+
+  std::string_view Name() const override { return "faulty"; }
+  Result<BeginAnswer> Begin(const BeginRequest& req) override;
+  Result<WriteAnswer> Complete(const CompleteRequest& req) override;
+  Result<WriteAnswer> Release(std::string_view scope, std::string_view key, Token token) override;
+  Result<WriteAnswer> Extend(std::string_view scope, std::string_view key, Token token,
+                             std::chrono::milliseconds lease) override;
+  Result<std::optional<Record>> Get(std::string_view scope, std::string_view key) override;
+  Result<std::vector<Record>> List(const ListFilter& filter) override;
+  Result<bool> Erase(std::string_view scope, std::string_view key) override;
+  Result<StoreStats> Stats() override;
+  Result<std::uint64_t> Purge() override;
+  Result<SessionInfo> OpenSession(const SessionRequest& req) override;
+  Result<BeginAnswer> BeginSequenced(const SequencedBeginRequest& req) override;
+  Result<WriteAnswer> CompleteSequenced(const SequencedCompleteRequest& req) override;
+  Result<WriteAnswer> ReleaseSequenced(std::string_view scope, std::string_view client_id,
+                                       std::uint64_t seq, Token token) override;
+  Result<SessionInfo> Acknowledge(std::string_view scope, std::string_view client_id,
+                                  std::uint64_t ack) override;
+  Result<BeginAnswer> BeginVersioned(const VersionedBeginRequest& req) override;
+  Result<WriteAnswer> CompleteVersioned(const VersionedCompleteRequest& req) override;
+  Result<WriteAnswer> ReleaseVersioned(std::string_view scope, std::string_view entity,
+                                       Token token) override;
+  Result<std::optional<EntityVersion>> GetVersion(std::string_view scope,
+                                                  std::string_view entity) override;
+
+ private:
+  bool Refuse(Op op);
+  Store& inner_;
+  std::atomic<std::uint32_t> failing_{0};
+  std::atomic<std::uint64_t> refused_{0};
+};
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TESTS_SUPPORT_FAULTY_STORE_H_
