@@ -78,3 +78,5 @@ void BM_CanonicalizeJson(benchmark::State& state) {
 BENCHMARK(BM_CanonicalizeJson);
 
 }  // namespace
+
+BENCHMARK_MAIN();

@@ -17,6 +17,19 @@ using internal::JsonDocument;
 using internal::JsonKind;
 using internal::JsonValue;
 
+std::string Cat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view part : parts) out.append(part);
+  return out;
+}
+
+// `text` as a JSON string literal, so that messages stay printable.
+std::string Quoted(std::string_view text) {
+  std::string out;
+  internal::AppendJsonString(text, out);
+  return out;
+}
+
 // Gives the thread's document back its memory when a call ends, whatever way it ends.
 class ScopedDocument {
  public:
@@ -104,13 +117,13 @@ std::string Fingerprint::Hex() const {
 Result<Fingerprint> Fingerprint::FromHex(std::string_view hex) {
   Fingerprint fp;
   if (hex.size() != fp.bytes.size() * 2) {
-    return InvalidArgumentError("fingerprint must be 64 hex characters, got " +
-                                std::to_string(hex.size()));
+    return InvalidArgumentError(
+        Cat({"fingerprint must be 64 hex characters, got ", std::to_string(hex.size())}));
   }
   for (std::size_t i = 0; i < hex.size(); ++i) {
     if (HexDigit(hex[i]) < 0) {
-      return InvalidArgumentError("fingerprint has a non-hex character at position " +
-                                  std::to_string(i));
+      return InvalidArgumentError(
+          Cat({"fingerprint has a non-hex character at position ", std::to_string(i)}));
     }
   }
   for (std::size_t i = 0; i < fp.bytes.size(); ++i) {
@@ -131,7 +144,9 @@ Result<Fingerprint> FingerprintJson(std::string_view json) {
   return Fingerprint{internal::Sha256(doc->Canonical())};
 }
 
-Fingerprint FingerprintBytes(std::string_view bytes) { return Fingerprint{internal::Sha256(bytes)}; }
+Fingerprint FingerprintBytes(std::string_view bytes) {
+  return Fingerprint{internal::Sha256(bytes)};
+}
 
 Fingerprint FingerprintParts(std::initializer_list<std::string_view> parts) {
   internal::Sha256Hasher hasher;
@@ -160,34 +175,32 @@ Result<std::string> JsonPointerText(std::string_view json, std::string_view poin
     std::string_view where = pointer.substr(0, next);
     std::optional<std::string> token = DecodeToken(pointer.substr(next + 1, slash - next - 1));
     if (!token) {
-      return InvalidArgumentError("JSON pointer has '~' not followed by 0 or 1 after \"" +
-                                  std::string(where) + "\"");
+      return InvalidArgumentError(
+          Cat({"JSON pointer has '~' not followed by 0 or 1 after ", Quoted(where)}));
     }
     const JsonValue& v = doc->value(at);
     if (v.kind == JsonKind::kObject) {
       std::span<const std::uint32_t> names = doc->SortedMembers(v);
-      auto it = std::lower_bound(names.begin(), names.end(), *token,
-                                 [&](std::uint32_t name, const std::string& t) {
-                                   return internal::CompareUtf16(doc->Text(doc->value(name)), t) < 0;
-                                 });
+      auto it = std::lower_bound(
+          names.begin(), names.end(), *token, [&](std::uint32_t name, const std::string& t) {
+            return internal::CompareUtf16(doc->Text(doc->value(name)), t) < 0;
+          });
       if (it == names.end() || doc->Text(doc->value(*it)) != *token) {
-        return NotFoundError("no member \"" + *token + "\" at JSON pointer \"" + std::string(where) +
-                             "\"");
+        return NotFoundError(
+            Cat({"no member ", Quoted(*token), " at JSON pointer ", Quoted(where)}));
       }
       at = *it + 1;
     } else if (v.kind == JsonKind::kArray) {
       std::optional<std::uint32_t> index = ArrayIndex(*token, v.size);
       if (!index) {
-        return NotFoundError("no element \"" + *token + "\" in the array of " +
-                             std::to_string(v.size) + " at JSON pointer \"" + std::string(where) +
-                             "\"");
+        return NotFoundError(Cat({"no element ", Quoted(*token), " in the array of ",
+                                  std::to_string(v.size), " at JSON pointer ", Quoted(where)}));
       }
       at += 1;
       for (std::uint32_t k = 0; k < *index; ++k) at = doc->value(at).end;
     } else {
-      return NotFoundError("JSON pointer \"" + std::string(where) + "\" is " +
-                           std::string(KindName(v.kind)) + ", which has no member \"" + *token +
-                           "\"");
+      return NotFoundError(Cat({"JSON pointer ", Quoted(where), " is ", KindName(v.kind),
+                                ", which has no member ", Quoted(*token)}));
     }
     next = slash;
   }
@@ -201,9 +214,8 @@ Result<std::string> JsonPointerText(std::string_view json, std::string_view poin
     case JsonKind::kFalse:
       return std::string("false");
     default:
-      return InvalidArgumentError("the value at JSON pointer \"" + std::string(pointer) + "\" is " +
-                                  std::string(KindName(v.kind)) +
-                                  ", not a string, number or boolean");
+      return InvalidArgumentError(Cat({"the value at JSON pointer ", Quoted(pointer), " is ",
+                                       KindName(v.kind), ", not a string, number or boolean"}));
   }
 }
 

@@ -19,7 +19,9 @@ namespace {
 // Bytes that end a run of string contents that can be copied as they are: the closing quote,
 // a backslash, a control character (an error) and the start of a multi-byte UTF-8 sequence
 // (validated one by one).
-constexpr bool IsSpecialInString(unsigned char c) { return c == '"' || c == '\\' || c < 0x20 || c >= 0x80; }
+constexpr bool IsSpecialInString(unsigned char c) {
+  return c == '"' || c == '\\' || c < 0x20 || c >= 0x80;
+}
 
 const char* ScanStringRun(const char* p, const char* end) {
 #if defined(__SSE2__)
@@ -29,8 +31,9 @@ const char* ScanStringRun(const char* p, const char* end) {
   while (end - p >= 16) {
     __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     // Signed: bytes >= 0x80 are negative, so this also catches non-ASCII bytes.
-    __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
-                                   _mm_cmplt_epi8(v, space));
+    __m128i special =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                     _mm_cmplt_epi8(v, space));
     int mask = _mm_movemask_epi8(special);
     if (mask != 0) return p + __builtin_ctz(static_cast<unsigned>(mask));
     p += 16;
@@ -40,7 +43,59 @@ const char* ScanStringRun(const char* p, const char* end) {
   return p;
 }
 
-bool IsWhitespace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+// Space, tab, line feed or carriage return: one compare and one bit test.
+bool IsWhitespace(char ch) {
+  constexpr std::uint64_t kWhitespace = (std::uint64_t{1} << ' ') | (std::uint64_t{1} << '\t') |
+                                        (std::uint64_t{1} << '\n') | (std::uint64_t{1} << '\r');
+  auto c = static_cast<unsigned char>(ch);
+  return c <= ' ' && ((kWhitespace >> c) & 1) != 0;
+}
+
+// The end of a run of whitespace, such as the indentation of pretty-printed JSON.
+const char* SkipWhitespaceRun(const char* p, const char* end) {
+#if defined(__SSE2__)
+  const __m128i space = _mm_set1_epi8(' ');
+  const __m128i tab = _mm_set1_epi8('\t');
+  const __m128i line_feed = _mm_set1_epi8('\n');
+  const __m128i carriage_return = _mm_set1_epi8('\r');
+  while (end - p >= 16) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    __m128i white = _mm_or_si128(
+        _mm_or_si128(_mm_cmpeq_epi8(v, space), _mm_cmpeq_epi8(v, tab)),
+        _mm_or_si128(_mm_cmpeq_epi8(v, line_feed), _mm_cmpeq_epi8(v, carriage_return)));
+    auto other = static_cast<unsigned>(~_mm_movemask_epi8(white)) & 0xFFFF;
+    if (other != 0) return p + __builtin_ctz(other);
+    p += 16;
+  }
+#endif
+  while (p < end && IsWhitespace(*p)) ++p;
+  return p;
+}
+
+// memcpy for the short strings JSON is made of, without a library call.
+inline char* CopyBytes(const char* from, std::size_t n, char* to) {
+  if (n >= 8 && n <= 16) {
+    std::uint64_t head;
+    std::uint64_t tail;
+    std::memcpy(&head, from, 8);
+    std::memcpy(&tail, from + n - 8, 8);
+    std::memcpy(to, &head, 8);
+    std::memcpy(to + n - 8, &tail, 8);
+  } else if (n >= 4 && n < 8) {
+    std::uint32_t head;
+    std::uint32_t tail;
+    std::memcpy(&head, from, 4);
+    std::memcpy(&tail, from + n - 4, 4);
+    std::memcpy(to, &head, 4);
+    std::memcpy(to + n - 4, &tail, 4);
+  } else if (n < 4) {
+    for (std::size_t i = 0; i < n; ++i) to[i] = from[i];
+  } else {
+    std::memcpy(to, from, n);
+  }
+  return to + n;
+}
+
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 int HexValue(char c) {
@@ -58,21 +113,24 @@ int EscapeGrowth(std::uint32_t c) {
   return c < 0x20 ? 5 : 0;
 }
 
-void AppendUtf8(std::uint32_t cp, std::string& out) {
+// Writes code point `cp` as UTF-8 (1 to 4 bytes) and returns the end.
+char* WriteUtf8(std::uint32_t cp, char* out) {
   if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
+    *out++ = static_cast<char>(cp);
   } else if (cp < 0x800) {
-    char b[2] = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-    out.append(b, 2);
+    *out++ = static_cast<char>(0xC0 | (cp >> 6));
+    *out++ = static_cast<char>(0x80 | (cp & 0x3F));
   } else if (cp < 0x10000) {
-    char b[3] = {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
-                 static_cast<char>(0x80 | (cp & 0x3F))};
-    out.append(b, 3);
+    *out++ = static_cast<char>(0xE0 | (cp >> 12));
+    *out++ = static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    *out++ = static_cast<char>(0x80 | (cp & 0x3F));
   } else {
-    char b[4] = {static_cast<char>(0xF0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)),
-                 static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
-    out.append(b, 4);
+    *out++ = static_cast<char>(0xF0 | (cp >> 18));
+    *out++ = static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    *out++ = static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    *out++ = static_cast<char>(0x80 | (cp & 0x3F));
   }
+  return out;
 }
 
 constexpr char kHexDigits[] = "0123456789abcdef";
@@ -145,11 +203,22 @@ std::string Quote(std::string_view text) {
 }
 
 std::string ByteName(unsigned char c) {
-  if (c >= 0x20 && c < 0x7F) return std::string("'") + static_cast<char>(c) + "'";
+  if (c >= 0x20 && c < 0x7F) return {'\'', static_cast<char>(c), '\''};
   std::string s = "byte 0x";
   s.push_back(kHexDigits[c >> 4]);
   s.push_back(kHexDigits[c & 0xF]);
   return s;
+}
+
+// UTF-8 byte order is code point order; UTF-16 order differs in one place: characters above
+// U+FFFF (lead bytes F0-F4; surrogate pairs D800-DBFF in UTF-16) sort before U+E000-U+FFFF
+// (lead bytes EE-EF). Bytes from EE up are only ever lead bytes, so mapping F0-F4 below EE-EF
+// gives byte strings whose byte order is UTF-16 order.
+// (Bytes F5-FF, never in UTF-8, keep their place, so the mapping stays one to one.)
+constexpr std::uint8_t Utf16OrderByte(std::uint8_t c) {
+  if (c < 0xEE || c > 0xF4) return c;
+  if (c >= 0xF0) return static_cast<std::uint8_t>(c - 2);  // F0-F4 -> EE-F2
+  return static_cast<std::uint8_t>(c + 5);                 // EE-EF -> F3-F4
 }
 
 }  // namespace
@@ -157,74 +226,118 @@ std::string ByteName(unsigned char c) {
 int CompareUtf16(std::string_view a, std::string_view b) {
   std::size_t n = std::min(a.size(), b.size());
   for (std::size_t i = 0; i < n; ++i) {
-    auto x = static_cast<unsigned char>(a[i]);
-    auto y = static_cast<unsigned char>(b[i]);
-    if (x == y) continue;
-    // UTF-8 byte order is code point order. UTF-16 differs in one place: characters above
-    // U+FFFF (lead bytes F0-F4, surrogate pairs D800-DBFF in UTF-16) sort before
-    // U+E000-U+FFFF (lead bytes EE-EF). Both bytes are lead bytes here when they differ in
-    // that class, since equal prefixes put both at the same position within a character.
-    if (x >= 0xEE && y >= 0xEE && (x >= 0xF0) != (y >= 0xF0)) return x >= 0xF0 ? -1 : 1;
-    return x < y ? -1 : 1;
+    if (a[i] == b[i]) continue;
+    return Utf16OrderByte(static_cast<std::uint8_t>(a[i])) <
+                   Utf16OrderByte(static_cast<std::uint8_t>(b[i]))
+               ? -1
+               : 1;
   }
   if (a.size() == b.size()) return 0;
   return a.size() < b.size() ? -1 : 1;
 }
 
-// Recursive descent over the input. Each Parse* function appends the values it reads to the
-// document and returns false after recording the first error.
+// Recursive descent over the input. Each Parse* function takes the position of what it reads,
+// appends the values it reads to the document and returns the position after them, or nullptr
+// after recording the first error. The position travels in a register, not in a member.
 class JsonParser {
  public:
   JsonParser(JsonDocument& doc, std::string_view json)
-      : doc_(doc), begin_(json.data()), p_(json.data()), end_(json.data() + json.size()) {}
+      : doc_(doc), begin_(json.data()), end_(json.data() + json.size()) {}
 
   Status Run() {
-    SkipWhitespace();
-    if (p_ == end_) return InvalidArgumentError("invalid JSON: empty input");
-    if (!ParseValue(0)) return InvalidArgumentError(std::move(error_));
-    SkipWhitespace();
-    if (p_ != end_) {
-      Fail(p_, "unexpected " + ByteName(static_cast<unsigned char>(*p_)) +
-                   " after the JSON value (trailing data)");
+    const char* p = SkipWhitespace(begin_);
+    if (p == end_) return InvalidArgumentError("invalid JSON: empty input");
+    p = ParseValue(p, 0);
+    if (p == nullptr) return InvalidArgumentError(std::move(error_));
+    p = SkipWhitespace(p);
+    if (p != end_) {
+      FailUnexpected(p, "after the JSON value (trailing data)");
       return InvalidArgumentError(std::move(error_));
     }
     return OkStatus();
   }
 
  private:
-  bool Fail(const char* at, std::string_view what) {
+  // Error paths are out of line so that the parsing functions stay small.
+  [[gnu::cold, gnu::noinline]] const char* Fail(const char* at, std::string_view what,
+                                                std::string_view what2 = {},
+                                                std::string_view what3 = {}) {
     error_ = "invalid JSON: ";
     error_.append(what);
+    error_.append(what2);
+    error_.append(what3);
     error_.append(" at byte ");
     error_.append(std::to_string(at - begin_));
-    return false;
+    return nullptr;
+  }
+
+  // "unexpected 'x', <context>"
+  [[gnu::cold, gnu::noinline]] const char* FailUnexpected(const char* at,
+                                                          std::string_view context) {
+    if (at == end_) return Fail(at, "unexpected end of input, ", context);
+    std::string what = "unexpected ";
+    what += ByteName(static_cast<unsigned char>(*at));
+    return Fail(at, what, ", ", context);
+  }
+
+  [[gnu::cold, gnu::noinline]] const char* FailDepth(const char* at) {
+    return Fail(at, "nesting deeper than ", std::to_string(kMaxJsonDepth));
+  }
+
+  [[gnu::cold, gnu::noinline]] const char* FailDuplicate(std::uint32_t name) {
+    return Fail(begin_ + doc_.values_[name].pos, "duplicate member name ", Quote(Name(name)));
+  }
+
+  [[gnu::cold, gnu::noinline]] const char* FailRange(const char* at, std::string_view literal) {
+    return Fail(at, "number ", Quote(literal), " is outside the range of a double");
+  }
+
+  [[gnu::cold, gnu::noinline]] const char* FailSurrogate(const char* at, std::uint32_t unit) {
+    if (unit >= 0xDC00) {
+      return Fail(at, "lone low surrogate ", Hex4(unit), " (no high surrogate before it)");
+    }
+    return Fail(at, "lone high surrogate ", Hex4(unit), " (no low surrogate after it)");
+  }
+
+  [[gnu::cold, gnu::noinline]] const char* FailEscape(const char* at) {
+    return Fail(at, "invalid escape: backslash followed by ",
+                ByteName(static_cast<unsigned char>(at[1])));
+  }
+
+  [[gnu::cold, gnu::noinline]] const char* FailControl(const char* at) {
+    auto c = static_cast<unsigned char>(*at);
+    char code[3] = {kHexDigits[c >> 4], kHexDigits[c & 0xF], '\0'};
+    return Fail(at, "control character U+00", code, " in string (must be escaped)");
   }
 
   std::uint32_t Offset(const char* at) const { return static_cast<std::uint32_t>(at - begin_); }
 
   std::uint32_t Push(JsonKind kind, const char* at) {
     auto index = static_cast<std::uint32_t>(doc_.values_.size());
-    JsonValue& v = doc_.values_.emplace_back();
-    v.kind = kind;
-    v.pos = Offset(at);
-    v.end = index + 1;
+    doc_.values_.PushBack({kind, false, 0, 0, index + 1, Offset(at)});
     return index;
   }
 
-  void SkipWhitespace() {
-    while (p_ < end_ && IsWhitespace(*p_)) ++p_;
+  // Compact JSON has no whitespace and pretty-printed JSON has single spaces or runs of
+  // indentation: one byte is checked inline, longer runs out of line.
+  const char* SkipWhitespace(const char* p) const {
+    if (p < end_ && IsWhitespace(*p)) {
+      ++p;
+      if (p < end_ && IsWhitespace(*p)) p = SkipWhitespaceRun(p, end_);
+    }
+    return p;
   }
 
-  bool ParseValue(int depth) {
-    SkipWhitespace();
-    if (p_ == end_) return Fail(p_, "unexpected end of input, expected a value");
-    switch (*p_) {
-      case '{':
-        return ParseObject(depth + 1);
-      case '[':
-        return ParseArray(depth + 1);
+  // p is at the value's first byte (whitespace skipped) or at the end.
+  const char* ParseValue(const char* p, int depth) {
+    if (p == end_) return FailUnexpected(p, "expected a value");
+    switch (*p) {
       case '"':
-        return ParseString();
+        return ParseString(p);
+      case '{':
+        return ParseObject(p, depth + 1);
+      case '[':
+        return ParseArray(p, depth + 1);
       case '-':
       case '0':
       case '1':
@@ -236,62 +349,63 @@ class JsonParser {
       case '7':
       case '8':
       case '9':
-        return ParseNumber();
+        return ParseNumber(p);
       case 't':
-        return ParseLiteral("true", JsonKind::kTrue);
+        return ParseLiteral(p, "true", JsonKind::kTrue);
       case 'f':
-        return ParseLiteral("false", JsonKind::kFalse);
+        return ParseLiteral(p, "false", JsonKind::kFalse);
       case 'n':
-        return ParseLiteral("null", JsonKind::kNull);
+        return ParseLiteral(p, "null", JsonKind::kNull);
       case 'N':
-        if (StartsWith("NaN")) return Fail(p_, "NaN is not a JSON value (JCS needs finite numbers)");
+        if (StartsWith(p, "NaN")) {
+          return Fail(p, "NaN is not a JSON value (JCS needs finite numbers)");
+        }
         break;
       case 'I':
-        if (StartsWith("Infinity")) {
-          return Fail(p_, "Infinity is not a JSON value (JCS needs finite numbers)");
+        if (StartsWith(p, "Infinity")) {
+          return Fail(p, "Infinity is not a JSON value (JCS needs finite numbers)");
         }
         break;
       default:
         break;
     }
-    return Fail(p_, "unexpected " + ByteName(static_cast<unsigned char>(*p_)) + ", expected a value");
+    return FailUnexpected(p, "expected a value");
   }
 
-  bool StartsWith(std::string_view word) const {
-    return static_cast<std::size_t>(end_ - p_) >= word.size() &&
-           std::memcmp(p_, word.data(), word.size()) == 0;
+  bool StartsWith(const char* p, std::string_view word) const {
+    return static_cast<std::size_t>(end_ - p) >= word.size() &&
+           std::memcmp(p, word.data(), word.size()) == 0;
   }
 
-  bool ParseLiteral(std::string_view word, JsonKind kind) {
-    if (!StartsWith(word)) return Fail(p_, "invalid literal, expected " + std::string(word));
-    Push(kind, p_);
+  const char* ParseLiteral(const char* p, std::string_view word, JsonKind kind) {
+    if (!StartsWith(p, word)) return Fail(p, "invalid literal, expected ", word);
+    Push(kind, p);
     doc_.out_size_ += word.size();
-    p_ += word.size();
-    return true;
+    return p + word.size();
   }
 
-  bool ParseArray(int depth) {
-    if (depth > kMaxJsonDepth) return Fail(p_, "nesting deeper than " + std::to_string(kMaxJsonDepth));
-    const char* open = p_++;
+  const char* ParseArray(const char* p, int depth) {
+    if (depth > kMaxJsonDepth) return FailDepth(p);
+    const char* open = p;
     std::uint32_t index = Push(JsonKind::kArray, open);
     std::uint32_t count = 0;
-    SkipWhitespace();
-    if (p_ < end_ && *p_ == ']') {
-      ++p_;
+    p = SkipWhitespace(p + 1);
+    if (p < end_ && *p == ']') {
+      ++p;
     } else {
       for (;;) {
-        if (!ParseValue(depth)) return false;
+        p = ParseValue(p, depth);
+        if (p == nullptr) return nullptr;
         ++count;
-        SkipWhitespace();
-        if (p_ == end_) return Fail(open, "unterminated array");
-        if (*p_ == ',') {
-          ++p_;
-        } else if (*p_ == ']') {
-          ++p_;
+        p = SkipWhitespace(p);
+        if (p == end_) return Fail(open, "unterminated array");
+        if (*p == ',') {
+          p = SkipWhitespace(p + 1);
+        } else if (*p == ']') {
+          ++p;
           break;
         } else {
-          return Fail(p_, "unexpected " + ByteName(static_cast<unsigned char>(*p_)) +
-                              " in array, expected ',' or ']'");
+          return FailUnexpected(p, "in array, expected ',' or ']'");
         }
       }
     }
@@ -299,7 +413,7 @@ class JsonParser {
     v.size = count;
     v.end = static_cast<std::uint32_t>(doc_.values_.size());
     doc_.out_size_ += 2 + (count > 0 ? count - 1 : 0);
-    return true;
+    return p;
   }
 
   std::string_view Name(std::uint32_t index) const {
@@ -308,115 +422,147 @@ class JsonParser {
     return {base + v.offset, v.size};
   }
 
-  bool ParseObject(int depth) {
-    if (depth > kMaxJsonDepth) return Fail(p_, "nesting deeper than " + std::to_string(kMaxJsonDepth));
-    const char* open = p_++;
+  const char* ParseObject(const char* p, int depth) {
+    if (depth > kMaxJsonDepth) return FailDepth(p);
+    const char* open = p;
     std::uint32_t index = Push(JsonKind::kObject, open);
-    std::vector<std::uint32_t>& names = doc_.member_stack_;
+    ScratchArray<std::uint32_t>& names = doc_.member_stack_;
     const std::size_t first = names.size();
-    SkipWhitespace();
-    if (p_ < end_ && *p_ == '}') {
-      ++p_;
+    p = SkipWhitespace(p + 1);
+    if (p < end_ && *p == '}') {
+      ++p;
     } else {
       for (;;) {
-        SkipWhitespace();
-        if (p_ == end_) return Fail(open, "unterminated object");
-        if (*p_ != '"') {
-          return Fail(p_, "unexpected " + ByteName(static_cast<unsigned char>(*p_)) +
-                              " in object, expected a member name");
-        }
-        names.push_back(static_cast<std::uint32_t>(doc_.values_.size()));
-        if (!ParseString()) return false;
-        SkipWhitespace();
-        if (p_ == end_) return Fail(open, "unterminated object");
-        if (*p_ != ':') {
-          return Fail(p_, "unexpected " + ByteName(static_cast<unsigned char>(*p_)) +
-                              " after member name, expected ':'");
-        }
-        ++p_;
-        if (!ParseValue(depth)) return false;
-        SkipWhitespace();
-        if (p_ == end_) return Fail(open, "unterminated object");
-        if (*p_ == ',') {
-          ++p_;
-        } else if (*p_ == '}') {
-          ++p_;
+        if (p == end_) return Fail(open, "unterminated object");
+        if (*p != '"') return FailUnexpected(p, "in object, expected a member name");
+        names.PushBack(static_cast<std::uint32_t>(doc_.values_.size()));
+        p = ParseString(p);
+        if (p == nullptr) return nullptr;
+        p = SkipWhitespace(p);
+        if (p == end_) return Fail(open, "unterminated object");
+        if (*p != ':') return FailUnexpected(p, "after member name, expected ':'");
+        p = ParseValue(SkipWhitespace(p + 1), depth);
+        if (p == nullptr) return nullptr;
+        p = SkipWhitespace(p);
+        if (p == end_) return Fail(open, "unterminated object");
+        if (*p == ',') {
+          p = SkipWhitespace(p + 1);
+        } else if (*p == '}') {
+          ++p;
           break;
         } else {
-          return Fail(p_, "unexpected " + ByteName(static_cast<unsigned char>(*p_)) +
-                              " in object, expected ',' or '}'");
+          return FailUnexpected(p, "in object, expected ',' or '}'");
         }
       }
     }
     auto count = static_cast<std::uint32_t>(names.size() - first);
-    if (!SortMembers(names.data() + first, count)) return false;
+    if (!SortMembers(names.data() + first, count)) return nullptr;
     JsonValue& v = doc_.values_[index];
     v.offset = static_cast<std::uint32_t>(doc_.member_order_.size());
     v.size = count;
     v.end = static_cast<std::uint32_t>(doc_.values_.size());
-    doc_.member_order_.insert(doc_.member_order_.end(), names.begin() + first, names.end());
-    names.resize(first);
+    doc_.member_order_.Append(names.data() + first, count);
+    names.Truncate(first);
     doc_.out_size_ += 2 + count + (count > 0 ? count - 1 : 0);
-    return true;
+    return p;
   }
 
   // Sorts an object's member names by UTF-16 code units and rejects duplicates.
   bool SortMembers(std::uint32_t* names, std::uint32_t count) {
-    auto less = [this](std::uint32_t a, std::uint32_t b) { return CompareUtf16(Name(a), Name(b)) < 0; };
+    using SortKey = JsonDocument::SortKey;
+    if (count < 2) return true;
+    SortKey* keys = doc_.sort_keys_.Reserve(count);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const JsonValue& v = doc_.values_[names[i]];
+      keys[i] = {SortPrefix(v), names[i], v.size};
+    }
+    auto less = [this](const SortKey& a, const SortKey& b) {
+      if (a.prefix != b.prefix) return a.prefix < b.prefix;
+      // Equal prefixes of names no longer than 8 bytes: one is a prefix of the other.
+      if (a.size <= 8 && b.size <= 8) return a.size < b.size;
+      return CompareUtf16(Name(a.index), Name(b.index)) < 0;
+    };
     if (count <= 16) {
       // Insertion sort: members are few and often already in order.
       for (std::uint32_t i = 1; i < count; ++i) {
-        std::uint32_t x = names[i];
+        SortKey x = keys[i];
         std::uint32_t j = i;
-        while (j > 0 && less(x, names[j - 1])) {
-          names[j] = names[j - 1];
-          --j;
-        }
-        names[j] = x;
+        for (; j > 0 && less(x, keys[j - 1]); --j) keys[j] = keys[j - 1];
+        keys[j] = x;
       }
     } else {
-      std::sort(names, names + count, less);
+      std::sort(keys, keys + count, less);
     }
+    names[0] = keys[0].index;
     for (std::uint32_t i = 1; i < count; ++i) {
-      if (Name(names[i - 1]) == Name(names[i])) {
-        std::uint32_t later = std::max(names[i - 1], names[i]);
-        return Fail(begin_ + doc_.values_[later].pos,
-                    "duplicate member name " + Quote(Name(later)));
+      const SortKey& a = keys[i - 1];
+      const SortKey& b = keys[i];
+      if (a.prefix == b.prefix && a.size == b.size &&
+          (a.size <= 8 || Name(a.index) == Name(b.index))) {
+        FailDuplicate(std::max(a.index, b.index));
+        return false;
       }
+      names[i] = b.index;
     }
     return true;
   }
 
-  bool ParseNumber() {
-    const char* start = p_;
-    if (*p_ == '-') ++p_;
-    if (p_ == end_) return Fail(start, "invalid number: '-' must be followed by a digit");
-    const char* int_begin = p_;
-    if (*p_ == '0') {
-      ++p_;
-      if (p_ < end_ && IsDigit(*p_)) return Fail(start, "invalid number: leading zero");
-    } else if (IsDigit(*p_)) {
-      while (p_ < end_ && IsDigit(*p_)) ++p_;
-    } else if (*p_ == 'I' && StartsWith("Infinity")) {
+  // The first 8 bytes of a name in UTF-16 order as a big-endian number, zero padded. When two
+  // prefixes differ they order their names.
+  std::uint64_t SortPrefix(const JsonValue& name) const {
+    const char* text = (name.in_scratch ? doc_.scratch_.data() : begin_) + name.offset;
+    const char* limit = name.in_scratch ? doc_.scratch_.data() + doc_.scratch_.size() : end_;
+    std::uint64_t raw = 0;  // Little-endian: byte i at bits 8i.
+    if (limit - text >= 8) {
+      // 8 bytes lie inside the buffer even when the name is shorter: load, then mask.
+      std::memcpy(&raw, text, 8);
+      if (name.size < 8) raw &= (std::uint64_t{1} << (8 * name.size)) - 1;
+    } else {
+      for (std::uint32_t i = 0; i < name.size && i < 8; ++i) {
+        raw |= std::uint64_t{static_cast<std::uint8_t>(text[i])} << (8 * i);
+      }
+    }
+    if ((raw & 0x8080808080808080u) != 0) {
+      std::uint64_t mapped = 0;
+      for (int i = 0; i < 8; ++i) {
+        auto c = static_cast<std::uint8_t>(raw >> (8 * i));
+        mapped |= std::uint64_t{Utf16OrderByte(c)} << (8 * i);
+      }
+      raw = mapped;
+    }
+    return __builtin_bswap64(raw);
+  }
+
+  const char* ParseNumber(const char* p) {
+    const char* start = p;
+    if (*p == '-') ++p;
+    if (p == end_) return Fail(start, "invalid number: '-' must be followed by a digit");
+    const char* int_begin = p;
+    if (*p == '0') {
+      ++p;
+      if (p < end_ && IsDigit(*p)) return Fail(start, "invalid number: leading zero");
+    } else if (IsDigit(*p)) {
+      while (p < end_ && IsDigit(*p)) ++p;
+    } else if (StartsWith(p, "Infinity")) {
       return Fail(start, "-Infinity is not a JSON value (JCS needs finite numbers)");
     } else {
       return Fail(start, "invalid number: '-' must be followed by a digit");
     }
-    const std::ptrdiff_t int_digits = p_ - int_begin;
+    const std::ptrdiff_t int_digits = p - int_begin;
     bool plain_integer = true;
-    if (p_ < end_ && *p_ == '.') {
-      ++p_;
-      if (p_ == end_ || !IsDigit(*p_)) return Fail(p_, "invalid number: '.' must be followed by a digit");
-      while (p_ < end_ && IsDigit(*p_)) ++p_;
+    if (p < end_ && *p == '.') {
+      ++p;
+      if (p == end_ || !IsDigit(*p)) {
+        return Fail(p, "invalid number: '.' must be followed by a digit");
+      }
+      while (p < end_ && IsDigit(*p)) ++p;
       plain_integer = false;
     }
-    if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
-      ++p_;
-      if (p_ < end_ && (*p_ == '+' || *p_ == '-')) ++p_;
-      if (p_ == end_ || !IsDigit(*p_)) {
-        return Fail(p_, "invalid number: exponent must have a digit");
-      }
-      while (p_ < end_ && IsDigit(*p_)) ++p_;
+    if (p < end_ && (*p == 'e' || *p == 'E')) {
+      ++p;
+      if (p < end_ && (*p == '+' || *p == '-')) ++p;
+      if (p == end_ || !IsDigit(*p)) return Fail(p, "invalid number: exponent must have a digit");
+      while (p < end_ && IsDigit(*p)) ++p;
       plain_integer = false;
     }
     std::uint32_t index = Push(JsonKind::kNumber, start);
@@ -424,30 +570,30 @@ class JsonParser {
     // Up to 15 digits an integer is exact in a double and written as it is; -0 becomes 0.
     if (plain_integer && int_digits <= 15 && !(start != int_begin && *int_begin == '0')) {
       v.offset = Offset(start);
-      v.size = static_cast<std::uint32_t>(p_ - start);
+      v.size = static_cast<std::uint32_t>(p - start);
     } else {
-      std::string_view literal(start, static_cast<std::size_t>(p_ - start));
+      std::string_view literal(start, static_cast<std::size_t>(p - start));
       std::optional<NumberText> text = CanonicalNumber(literal);
-      if (!text) return Fail(start, "number " + Quote(literal) + " is outside the range of a double");
+      if (!text) return FailRange(start, literal);
       v.in_scratch = true;
       v.offset = static_cast<std::uint32_t>(doc_.scratch_.size());
       v.size = text->size;
-      doc_.scratch_.append(text->view());
+      doc_.scratch_.Append(text->chars.data(), text->size);
     }
     doc_.out_size_ += v.size;
-    return true;
+    return p;
   }
 
-  // Validates the UTF-8 sequence at p_ (a byte >= 0x80) and steps over it.
-  bool SkipUtf8Sequence() {
-    const auto* s = reinterpret_cast<const unsigned char*>(p_);
-    const std::ptrdiff_t left = end_ - p_;
+  // Validates the UTF-8 sequence at p (a byte >= 0x80) and returns the position after it.
+  const char* SkipUtf8Sequence(const char* p) {
+    const auto* s = reinterpret_cast<const unsigned char*>(p);
+    const std::ptrdiff_t left = end_ - p;
     unsigned char c = s[0];
     int length;
     unsigned char lo = 0x80;  // Allowed range of the second byte.
     unsigned char hi = 0xBF;
-    if (c < 0xC0) return Fail(p_, "invalid UTF-8 (unexpected continuation byte)");
-    if (c < 0xC2) return Fail(p_, "invalid UTF-8 (overlong encoding)");
+    if (c < 0xC0) return Fail(p, "invalid UTF-8 (unexpected continuation byte)");
+    if (c < 0xC2) return Fail(p, "invalid UTF-8 (overlong encoding)");
     if (c < 0xE0) {
       length = 2;
     } else if (c < 0xF0) {
@@ -458,19 +604,20 @@ class JsonParser {
       length = 4;
       if (c == 0xF0) lo = 0x90;
       if (c == 0xF4) hi = 0x8F;
+    } else if (c < 0xF8) {
+      return Fail(p, "invalid UTF-8 (code point above U+10FFFF)");
     } else {
-      return Fail(p_, "invalid UTF-8 (code point above U+10FFFF)");
+      return Fail(p, "invalid UTF-8 (byte that never occurs in UTF-8)");
     }
     for (int i = 1; i < length; ++i) {
-      if (i >= left || (s[i] & 0xC0) != 0x80) return Fail(p_, "invalid UTF-8 (truncated sequence)");
+      if (i >= left || (s[i] & 0xC0) != 0x80) return Fail(p, "invalid UTF-8 (truncated sequence)");
     }
-    if (s[1] < lo) return Fail(p_, "invalid UTF-8 (overlong encoding)");
+    if (s[1] < lo) return Fail(p, "invalid UTF-8 (overlong encoding)");
     if (s[1] > hi) {
-      return Fail(p_, c == 0xED ? "invalid UTF-8 (encoded surrogate)"
-                                : "invalid UTF-8 (code point above U+10FFFF)");
+      return Fail(p, c == 0xED ? "invalid UTF-8 (encoded surrogate)"
+                               : "invalid UTF-8 (code point above U+10FFFF)");
     }
-    p_ += length;
-    return true;
+    return p + length;
   }
 
   // Reads 4 hex digits at p.
@@ -485,13 +632,13 @@ class JsonParser {
     return u;
   }
 
-  // Decodes the escape at p_ (a backslash) into scratch and steps over it.
-  bool DecodeEscape(std::string& out, std::size_t& growth) {
-    const char* escape = p_;
-    if (end_ - p_ < 2) return Fail(escape, "unterminated string");
-    char c = p_[1];
+  // Decodes the escape at p (a backslash) into `out` and returns the position after it.
+  // `growth` counts how much longer than the decoded text its JCS form is.
+  const char* DecodeEscape(const char* p, ScratchArray<char>& out, std::size_t& growth) {
+    const char* escape = p;
+    if (end_ - p < 2) return Fail(escape, "unterminated string");
     char decoded;
-    switch (c) {
+    switch (p[1]) {
       case '"':
         decoded = '"';
         break;
@@ -517,86 +664,80 @@ class JsonParser {
         decoded = '\t';
         break;
       case 'u': {
-        std::optional<std::uint32_t> unit = ReadHex4(p_ + 2);
+        std::optional<std::uint32_t> unit = ReadHex4(p + 2);
         if (!unit) return Fail(escape, "invalid \\u escape: expected 4 hex digits");
         std::uint32_t cp = *unit;
-        p_ += 6;
-        if (cp >= 0xDC00 && cp <= 0xDFFF) {
-          return Fail(escape, "lone low surrogate " + Hex4(cp) + " (no high surrogate before it)");
-        }
+        p += 6;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return FailSurrogate(escape, cp);
         if (cp >= 0xD800 && cp <= 0xDBFF) {
           std::optional<std::uint32_t> low;
-          if (end_ - p_ >= 6 && p_[0] == '\\' && p_[1] == 'u') low = ReadHex4(p_ + 2);
-          if (!low || *low < 0xDC00 || *low > 0xDFFF) {
-            return Fail(escape, "lone high surrogate " + Hex4(cp) + " (no low surrogate after it)");
-          }
+          if (end_ - p >= 6 && p[0] == '\\' && p[1] == 'u') low = ReadHex4(p + 2);
+          if (!low || *low < 0xDC00 || *low > 0xDFFF) return FailSurrogate(escape, cp);
           cp = 0x10000 + ((cp - 0xD800) << 10) + (*low - 0xDC00);
-          p_ += 6;
+          p += 6;
         }
         growth += static_cast<std::size_t>(EscapeGrowth(cp));
-        AppendUtf8(cp, out);
-        return true;
+        char* at = out.Reserve(4);
+        out.Commit(static_cast<std::size_t>(WriteUtf8(cp, at) - at));
+        return p;
       }
       default:
-        return Fail(escape, "invalid escape \\" + std::string(1, c));
+        return FailEscape(escape);
     }
     growth += static_cast<std::size_t>(EscapeGrowth(static_cast<unsigned char>(decoded)));
-    out.push_back(decoded);
-    p_ += 2;
-    return true;
+    *out.Reserve(1) = decoded;
+    out.Commit(1);
+    return p + 2;
   }
 
-  // A string (p_ at its opening quote). Contents without escapes stay in the input; others
-  // are decoded into scratch.
-  bool ParseString() {
-    const char* quote = p_++;
-    const char* run = p_;  // Start of the contents not yet copied to scratch.
-    std::string& scratch = doc_.scratch_;
+  // A string, p at its opening quote. Contents without escapes stay in the input; others are
+  // decoded into scratch.
+  const char* ParseString(const char* p) {
+    const char* quote = p++;
+    const char* run = p;  // Start of the contents not yet copied to scratch.
+    ScratchArray<char>& scratch = doc_.scratch_;
     std::size_t scratch_start = 0;
     bool escaped = false;
     std::size_t growth = 0;  // Extra bytes the decoded text needs when escaped again.
     for (;;) {
-      p_ = ScanStringRun(p_, end_);
-      if (p_ == end_) return Fail(quote, "unterminated string");
-      auto c = static_cast<unsigned char>(*p_);
+      p = ScanStringRun(p, end_);
+      if (p == end_) return Fail(quote, "unterminated string");
+      auto c = static_cast<unsigned char>(*p);
       if (c == '"') break;
       if (c >= 0x80) {
-        if (!SkipUtf8Sequence()) return false;
+        p = SkipUtf8Sequence(p);
+        if (p == nullptr) return nullptr;
       } else if (c == '\\') {
         if (!escaped) {
           escaped = true;
           scratch_start = scratch.size();
         }
-        scratch.append(run, p_);
-        if (!DecodeEscape(scratch, growth)) return false;
-        run = p_;
+        scratch.Append(run, static_cast<std::size_t>(p - run));
+        p = DecodeEscape(p, scratch, growth);
+        if (p == nullptr) return nullptr;
+        run = p;
       } else {
-        std::string what = "control character U+00";
-        what.push_back(kHexDigits[c >> 4]);
-        what.push_back(kHexDigits[c & 0xF]);
-        return Fail(p_, what + " in string (must be escaped)");
+        return FailControl(p);
       }
     }
     std::uint32_t index = Push(JsonKind::kString, quote);
     JsonValue& v = doc_.values_[index];
     if (escaped) {
-      scratch.append(run, p_);
+      scratch.Append(run, static_cast<std::size_t>(p - run));
       v.in_scratch = true;
       v.offset = static_cast<std::uint32_t>(scratch_start);
       v.size = static_cast<std::uint32_t>(scratch.size() - scratch_start);
     } else {
       v.offset = Offset(run);
-      v.size = static_cast<std::uint32_t>(p_ - run);
+      v.size = static_cast<std::uint32_t>(p - run);
     }
     doc_.out_size_ += v.size + 2 + growth;
-    ++p_;
-    return true;
+    return p + 1;
   }
 
   JsonDocument& doc_;
-  const char* begin_;
-  const char* p_;
-  const char* end_;
+  const char* const begin_;
+  const char* const end_;
   std::string error_;
 };
 
@@ -609,9 +750,11 @@ Status JsonDocument::Parse(std::string_view json) {
   out_size_ = 0;
   if (json.size() > kMaxInputBytes) {
     input_ = {};
-    return InvalidArgumentError("invalid JSON: input of " + std::to_string(json.size()) +
-                                " bytes is larger than the limit of " +
-                                std::to_string(kMaxInputBytes));
+    std::string message = "invalid JSON: input of ";
+    message += std::to_string(json.size());
+    message += " bytes is larger than the limit of ";
+    message += std::to_string(kMaxInputBytes);
+    return InvalidArgumentError(std::move(message));
   }
   Status status = JsonParser(*this, json).Run();
   if (!status.ok()) {
@@ -631,22 +774,26 @@ std::span<const std::uint32_t> JsonDocument::SortedMembers(const JsonValue& obje
 }
 
 char* JsonDocument::EmitString(const JsonValue& v, char* out) const {
-  *out++ = '"';
-  std::string_view text = Text(v);
-  if (v.in_scratch) {
-    out = WriteEscaped(text, out);
-  } else {
-    // Straight from the input without escapes: already in canonical form.
-    std::memcpy(out, text.data(), text.size());
-    out += text.size();
+  if (!v.in_scratch) {
+    // Straight from the input, quotes included: without escapes it is already canonical.
+    return CopyBytes(input_.data() + v.pos, v.size + 2, out);
   }
+  *out++ = '"';
+  out = WriteEscaped(Text(v), out);
   *out++ = '"';
   return out;
 }
 
-char* JsonDocument::Emit(std::uint32_t i, char* out) const {
+// Scalars are written inline; only containers recurse.
+inline char* JsonDocument::EmitValue(std::uint32_t i, char* out) const {
   const JsonValue& v = values_[i];
   switch (v.kind) {
+    case JsonKind::kString:
+      return EmitString(v, out);
+    case JsonKind::kNumber: {
+      std::string_view text = Text(v);
+      return CopyBytes(text.data(), text.size(), out);
+    }
     case JsonKind::kNull:
       std::memcpy(out, "null", 4);
       return out + 4;
@@ -656,61 +803,56 @@ char* JsonDocument::Emit(std::uint32_t i, char* out) const {
     case JsonKind::kFalse:
       std::memcpy(out, "false", 5);
       return out + 5;
-    case JsonKind::kNumber: {
-      std::string_view text = Text(v);
-      std::memcpy(out, text.data(), text.size());
-      return out + text.size();
-    }
-    case JsonKind::kString:
-      return EmitString(v, out);
-    case JsonKind::kArray: {
-      *out++ = '[';
-      std::uint32_t child = i + 1;
-      for (std::uint32_t k = 0; k < v.size; ++k) {
-        if (k > 0) *out++ = ',';
-        out = Emit(child, out);
-        child = values_[child].end;
-      }
-      *out++ = ']';
-      return out;
-    }
-    case JsonKind::kObject: {
-      *out++ = '{';
-      const std::uint32_t* names = member_order_.data() + v.offset;
-      for (std::uint32_t k = 0; k < v.size; ++k) {
-        if (k > 0) *out++ = ',';
-        out = EmitString(values_[names[k]], out);
-        *out++ = ':';
-        out = Emit(names[k] + 1, out);
-      }
-      *out++ = '}';
-      return out;
-    }
+    case JsonKind::kArray:
+    case JsonKind::kObject:
+      return EmitContainer(i, out);
   }
   return out;
 }
 
+char* JsonDocument::EmitContainer(std::uint32_t i, char* out) const {
+  const JsonValue& v = values_[i];
+  if (v.kind == JsonKind::kArray) {
+    *out++ = '[';
+    std::uint32_t child = i + 1;
+    for (std::uint32_t k = 0; k < v.size; ++k) {
+      if (k > 0) *out++ = ',';
+      out = EmitValue(child, out);
+      child = values_[child].end;
+    }
+    *out++ = ']';
+    return out;
+  }
+  *out++ = '{';
+  const std::uint32_t* names = member_order_.data() + v.offset;
+  for (std::uint32_t k = 0; k < v.size; ++k) {
+    if (k > 0) *out++ = ',';
+    out = EmitString(values_[names[k]], out);
+    *out++ = ':';
+    out = EmitValue(names[k] + 1, out);
+  }
+  *out++ = '}';
+  return out;
+}
+
 std::string_view JsonDocument::Canonical() {
-  IDEM_CHECK_MSG(!values_.empty(), "JsonDocument::Canonical without a parsed document");
-  // Grow only: resize() zero-fills, so it is not repeated for a buffer already large enough.
-  if (out_.size() < out_size_) out_.resize(out_size_);
-  char* end = Emit(0, out_.data());
+  IDEM_CHECK_MSG(values_.size() != 0, "JsonDocument::Canonical without a parsed document");
+  out_.clear();
+  char* end = EmitValue(0, out_.Reserve(out_size_));
   IDEM_CHECK(static_cast<std::size_t>(end - out_.data()) == out_size_);
+  out_.Commit(out_size_);
   return {out_.data(), out_size_};
 }
 
 void JsonDocument::ReleaseMemory() {
   // Above this a buffer is freed after use rather than kept for the next document.
   constexpr std::size_t kKeepBytes = std::size_t{1} << 20;
-  if (values_.capacity() * sizeof(JsonValue) > kKeepBytes) std::vector<JsonValue>().swap(values_);
-  if (member_order_.capacity() * sizeof(std::uint32_t) > kKeepBytes) {
-    std::vector<std::uint32_t>().swap(member_order_);
-  }
-  if (member_stack_.capacity() * sizeof(std::uint32_t) > kKeepBytes) {
-    std::vector<std::uint32_t>().swap(member_stack_);
-  }
-  if (scratch_.capacity() > kKeepBytes) std::string().swap(scratch_);
-  if (out_.capacity() > kKeepBytes) std::vector<char>().swap(out_);
+  values_.Trim(kKeepBytes);
+  member_order_.Trim(kKeepBytes);
+  member_stack_.Trim(kKeepBytes);
+  sort_keys_.Trim(kKeepBytes);
+  scratch_.Trim(kKeepBytes);
+  out_.Trim(kKeepBytes);
   input_ = {};
   values_.clear();
 }
@@ -722,7 +864,9 @@ JsonDocument& ThreadJsonDocument() {
 
 void AppendJsonString(std::string_view text, std::string& out) {
   std::size_t length = 2;
-  for (char c : text) length += 1 + static_cast<std::size_t>(EscapeGrowth(static_cast<unsigned char>(c)));
+  for (char c : text) {
+    length += 1 + static_cast<std::size_t>(EscapeGrowth(static_cast<unsigned char>(c)));
+  }
   std::size_t at = out.size();
   out.resize(at + length);
   char* p = out.data() + at;

@@ -4,17 +4,17 @@
 
 #include <array>
 #include <cstdint>
-#include <memory>
 #include <string_view>
+
+// OpenSSL's context type, so that this header does not include OpenSSL's.
+struct evp_md_ctx_st;
 
 namespace idem::internal {
 
 using Sha256Digest = std::array<std::uint8_t, 32>;
 
-// SHA-256 of `bytes`.
-Sha256Digest Sha256(std::string_view bytes);
-
-// Incremental SHA-256. Update any number of times, then Finish once.
+// Incremental SHA-256: Update any number of times, then Finish once. Not thread-safe; each
+// thread keeps one OpenSSL context for reuse, so a hasher costs no allocation once warm.
 class Sha256Hasher {
  public:
   Sha256Hasher();
@@ -26,9 +26,11 @@ class Sha256Hasher {
   Sha256Digest Finish();
 
  private:
-  struct Context;
-  std::unique_ptr<Context> context_;
+  evp_md_ctx_st* ctx_;
 };
+
+// SHA-256 of `bytes`.
+Sha256Digest Sha256(std::string_view bytes);
 
 }  // namespace idem::internal
 

@@ -68,19 +68,20 @@ class CounterImpl final : public Counter {
 
 class GaugeImpl final : public Gauge {
  public:
-  // Set adds (v - current) to this thread's stripe. Invariant: Sets are serialised, so each
-  // one sees what earlier Sets left; an Add racing a Set either was summed (and is
-  // overwritten, as if it came first) or was not (and is kept, as if it came after).
+  // The value is base_ plus the stripes. Set stores base_ = v - (stripes it read): an Add it
+  // summed is overwritten (as if it came first), one it missed is kept (as if it came after),
+  // and of two racing Sets the later store wins. No update takes a lock.
   void Set(std::int64_t v) override {
-    std::lock_guard<std::mutex> lock(set_mu_);
-    cells_.Add(static_cast<std::uint64_t>(v) - cells_.Sum());
+    base_.store(static_cast<std::uint64_t>(v) - cells_.Sum(), std::memory_order_relaxed);
   }
   void Add(std::int64_t d) override { cells_.Add(static_cast<std::uint64_t>(d)); }
-  std::int64_t Value() const override { return static_cast<std::int64_t>(cells_.Sum()); }
+  std::int64_t Value() const override {
+    return static_cast<std::int64_t>(base_.load(std::memory_order_relaxed) + cells_.Sum());
+  }
 
  private:
   StripedSum cells_;
-  std::mutex set_mu_;
+  std::atomic<std::uint64_t> base_{0};
 };
 
 class HistogramImpl final : public Histogram {
@@ -108,7 +109,15 @@ class HistogramImpl final : public Histogram {
     }
   }
 
-  std::uint64_t Count() const override { return CumulativeCounts().back(); }
+  std::uint64_t Count() const override {
+    std::uint64_t count = 0;
+    for (std::size_t s = 0; s < kStripes; ++s) {
+      for (std::size_t b = 0; b <= bounds_.size(); ++b) {
+        count += Word(s, 1 + b).load(std::memory_order_relaxed);
+      }
+    }
+    return count;
+  }
 
   double Sum() const override {
     double sum = 0;
@@ -240,7 +249,7 @@ void AppendDouble(std::string& out, double v) {
   std::chars_format format = (abs == 0 || (abs >= 1e-4 && abs < 1e21))
                                  ? std::chars_format::fixed
                                  : std::chars_format::scientific;
-  char buf[64];  // fixed below 1e21: at most 1 + 21 + 1 + 24 digits
+  char buf[32];  // the longest output, "-1.2345678901234567e-308", has 24
   auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v, format);
   IDEM_CHECK(ec == std::errc());
   out.append(buf, end);
@@ -468,8 +477,8 @@ std::string Registry::RenderPrometheus() const {
         AppendDouble(out, (*sv.read)());
       } else {
         const HistogramImpl& h = *s.histogram;
-        // Read the sum after the buckets: a racing Observe then shows in _sum at worst
-        // without its bucket, never the other way round. Either is allowed by the header.
+        // _sum may miss or include an Observe racing this scrape that the buckets do not;
+        // _count is the +Inf bucket by construction.
         std::vector<std::uint64_t> counts = h.CumulativeCounts();
         double sum = h.Sum();
         for (std::size_t b = 0; b < counts.size(); ++b) {

@@ -250,6 +250,7 @@ TEST(RegistryTest, ConcurrentUpdatesRenderingAndRegistration) {
   Counter& counter = r.AddCounter("ops_total", "Ops.");
   Gauge& gauge = r.AddGauge("level", "Level.");
   Histogram& histogram = r.AddHistogram("op_seconds", "Op time.", {}, {0.5, 1, 2});
+  Gauge& set_gauge = r.AddGauge("set_level", "Set and added.");
   std::atomic<bool> done{false};
   std::atomic<int> renders{0};
   std::thread renderer([&] {
@@ -273,6 +274,8 @@ TEST(RegistryTest, ConcurrentUpdatesRenderingAndRegistration) {
         counter.Inc();
         gauge.Add(i % 2 == 0 ? 3 : -1);
         histogram.Observe(i % 2 == 0 ? 0.25 : 1.5);
+        if (i % 100 == 0) set_gauge.Set(i);
+        set_gauge.Add(1);
       }
     });
   }
@@ -286,6 +289,10 @@ TEST(RegistryTest, ConcurrentUpdatesRenderingAndRegistration) {
   EXPECT_EQ(counter.Value(), kTotal);
   EXPECT_EQ(gauge.Value(), static_cast<std::int64_t>(kTotal));  // (3 - 1) per two ops
   EXPECT_EQ(histogram.Count(), kTotal);
+  // The last Set is some thread's Set(kOps - 100), followed by that thread's 100 Adds.
+  EXPECT_GE(set_gauge.Value(), kOps);
+  set_gauge.Set(5);
+  EXPECT_EQ(set_gauge.Value(), 5);
   EXPECT_EQ(histogram.Sum(), (0.25 + 1.5) * static_cast<double>(kTotal / 2));  // exact in binary
   std::string text = r.RenderPrometheus();
   EXPECT_THAT(text, HasSubstr("ops_total 800000\n"));

@@ -149,8 +149,8 @@ void PrintTo(const BeginAnswer& a, std::ostream* os) {
 
 void PrintTo(const SessionInfo& s, std::ostream* os) {
   *os << "{scope=\"" << s.scope << "\" client_id=" << ShowBytes(s.client_id)
-      << " low_water=" << s.low_water << " window=" << s.window
-      << " outstanding=" << s.outstanding << " expires=" << ShowTime(s.expires) << "}";
+      << " low_water=" << s.low_water << " window=" << s.window << " outstanding=" << s.outstanding
+      << " expires=" << ShowTime(s.expires) << "}";
 }
 
 void PrintTo(const EntityVersion& e, std::ostream* os) {
@@ -244,24 +244,77 @@ void StoreContractTest::SetUp() {
   ASSERT_NE(store_, nullptr) << GetParam().name << ": make() returned no store";
 }
 
-std::unique_ptr<Store> StoreContractTest::MakeStore(std::size_t max_key_bytes) const {
-  return GetParam().make(const_cast<FakeClock&>(clock_), max_key_bytes);
+std::unique_ptr<Store> StoreContractTest::MakeStore(std::size_t max_key_bytes) {
+  return GetParam().make(clock_, max_key_bytes);
 }
 
-BeginRequest StoreContractTest::Begin(std::string_view key, std::optional<Fingerprint> fp,
-                                      std::chrono::milliseconds lease) const {
+BeginRequest StoreContractTest::BeginOf(std::string_view key, std::optional<Fingerprint> fp,
+                                        std::chrono::milliseconds lease) const {
   return BeginRequest{.scope = scope_, .key = key, .fingerprint = fp, .lease = lease};
 }
 
-CompleteRequest StoreContractTest::Complete(std::string_view key, Token token,
-                                            std::string_view response, Outcome outcome,
-                                            std::chrono::milliseconds retention) const {
+CompleteRequest StoreContractTest::CompleteOf(std::string_view key, Token token,
+                                              std::string_view response, Outcome outcome,
+                                              std::chrono::milliseconds retention) const {
   return CompleteRequest{.scope = scope_,
                          .key = key,
                          .token = token,
                          .outcome = outcome,
                          .response = response,
                          .retention = retention};
+}
+
+SessionRequest StoreContractTest::SessionOf(std::string_view client_id,
+                                            std::chrono::milliseconds ttl,
+                                            std::uint32_t window) const {
+  return SessionRequest{.scope = scope_, .client_id = client_id, .ttl = ttl, .window = window};
+}
+
+SequencedBeginRequest StoreContractTest::SeqOf(std::string_view client_id, std::uint64_t seq,
+                                               std::uint64_t ack, std::optional<Fingerprint> fp,
+                                               std::chrono::milliseconds lease) const {
+  return SequencedBeginRequest{.scope = scope_,
+                               .client_id = client_id,
+                               .seq = seq,
+                               .ack = ack,
+                               .fingerprint = fp,
+                               .lease = lease};
+}
+
+SequencedCompleteRequest StoreContractTest::SeqDoneOf(std::string_view client_id, std::uint64_t seq,
+                                                      Token token, std::string_view response,
+                                                      Outcome outcome) const {
+  return SequencedCompleteRequest{.scope = scope_,
+                                  .client_id = client_id,
+                                  .seq = seq,
+                                  .token = token,
+                                  .outcome = outcome,
+                                  .response = response};
+}
+
+VersionedBeginRequest StoreContractTest::VersionOf(std::string_view entity, std::uint64_t version,
+                                                   std::chrono::milliseconds lease) const {
+  return VersionedBeginRequest{
+      .scope = scope_, .entity = entity, .version = version, .lease = lease};
+}
+
+VersionedCompleteRequest StoreContractTest::VersionDoneOf(
+    std::string_view entity, Token token, std::chrono::milliseconds retention) const {
+  return VersionedCompleteRequest{
+      .scope = scope_, .entity = entity, .token = token, .retention = retention};
+}
+
+Acquired StoreContractTest::Acquire(std::string_view key, std::optional<Fingerprint> fp,
+                                    std::chrono::milliseconds lease, std::source_location loc) {
+  return ExpectAcquired(store_->Begin(BeginOf(key, fp, lease)), loc);
+}
+
+void StoreContractTest::Finish(std::string_view key, Token token, std::string_view response,
+                               Outcome outcome, std::chrono::milliseconds retention,
+                               std::source_location loc) {
+  ::testing::ScopedTrace trace(loc.file_name(), static_cast<int>(loc.line()),
+                               "Finish(" + ShowBytes(key) + ")");
+  EXPECT_THAT(store_->Complete(CompleteOf(key, token, response, outcome, retention)), IsApplied());
 }
 
 Record StoreContractTest::Held(std::string_view key, const Acquired& a, Timestamp created,
@@ -279,8 +332,8 @@ Record StoreContractTest::Held(std::string_view key, const Acquired& a, Timestam
   return r;
 }
 
-Record StoreContractTest::Done(Record held, Timestamp at, std::string_view response,
-                               Outcome outcome, std::chrono::milliseconds retention) {
+Record StoreContractTest::Completed(Record held, Timestamp at, std::string_view response,
+                                    Outcome outcome, std::chrono::milliseconds retention) {
   held.state = RecordState::kCompleted;
   held.outcome = outcome;
   held.response = std::string(response);

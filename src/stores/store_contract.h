@@ -181,7 +181,7 @@ class StoreContractTest : public ::testing::TestWithParam<StoreUnderTest> {
   void SetUp() override;
 
   // A second store over its own data, sharing the fixture's clock.
-  std::unique_ptr<Store> MakeStore(std::size_t max_key_bytes) const;
+  std::unique_ptr<Store> MakeStore(std::size_t max_key_bytes);
 
   // Unique to this test and this run: every record, session and entity the test makes lives
   // under it (or, in the empty scope, under a key that starts with it).
@@ -189,20 +189,44 @@ class StoreContractTest : public ::testing::TestWithParam<StoreUnderTest> {
   std::chrono::milliseconds AbandonedRetention() const { return GetParam().abandoned_retention; }
 
   // Requests in Scope().
-  BeginRequest Begin(std::string_view key, std::optional<Fingerprint> fp = std::nullopt,
-                     std::chrono::milliseconds lease = kLease) const;
-  CompleteRequest Complete(std::string_view key, Token token, std::string_view response = "ok",
-                           Outcome outcome = Outcome::kSuccess,
-                           std::chrono::milliseconds retention = kRetention) const;
+  BeginRequest BeginOf(std::string_view key, std::optional<Fingerprint> fp = std::nullopt,
+                       std::chrono::milliseconds lease = kLease) const;
+  CompleteRequest CompleteOf(std::string_view key, Token token, std::string_view response = "ok",
+                             Outcome outcome = Outcome::kSuccess,
+                             std::chrono::milliseconds retention = kRetention) const;
+
+  SessionRequest SessionOf(std::string_view client_id,
+                           std::chrono::milliseconds ttl = SessionRequest{}.ttl,
+                           std::uint32_t window = SessionRequest{}.window) const;
+  SequencedBeginRequest SeqOf(std::string_view client_id, std::uint64_t seq, std::uint64_t ack = 0,
+                              std::optional<Fingerprint> fp = std::nullopt,
+                              std::chrono::milliseconds lease = kLease) const;
+  SequencedCompleteRequest SeqDoneOf(std::string_view client_id, std::uint64_t seq, Token token,
+                                     std::string_view response = "ok",
+                                     Outcome outcome = Outcome::kSuccess) const;
+  VersionedBeginRequest VersionOf(std::string_view entity, std::uint64_t version,
+                                  std::chrono::milliseconds lease = kLease) const;
+  VersionedCompleteRequest VersionDoneOf(
+      std::string_view entity, Token token,
+      std::chrono::milliseconds retention = VersionedCompleteRequest{}.retention) const;
+
+  // Begin that must answer Acquired; returns it.
+  Acquired Acquire(std::string_view key, std::optional<Fingerprint> fp = std::nullopt,
+                   std::chrono::milliseconds lease = kLease,
+                   std::source_location loc = std::source_location::current());
+  // Complete that must answer kApplied.
+  void Finish(std::string_view key, Token token, std::string_view response = "ok",
+              Outcome outcome = Outcome::kSuccess, std::chrono::milliseconds retention = kRetention,
+              std::source_location loc = std::source_location::current());
 
   // The record Begin leaves for `a`, acquired at `created` (the record's creation time, which
   // a takeover keeps).
   Record Held(std::string_view key, const Acquired& a, Timestamp created,
               std::optional<Fingerprint> fp = std::nullopt) const;
   // `held` completed at `at`.
-  static Record Done(Record held, Timestamp at, std::string_view response,
-                     Outcome outcome = Outcome::kSuccess,
-                     std::chrono::milliseconds retention = kRetention);
+  static Record Completed(Record held, Timestamp at, std::string_view response,
+                          Outcome outcome = Outcome::kSuccess,
+                          std::chrono::milliseconds retention = kRetention);
 
   // Get(Scope(), key) holds exactly `want` / nothing.
   void ExpectStored(std::string_view key, const Record& want,
