@@ -8,6 +8,7 @@ packages=(
   libabsl-dev         # abseil: hashing and flat_hash_map
   libgtest-dev libgmock-dev   # GoogleTest
   libbenchmark-dev    # Google Benchmark
+  librocksdb-dev libsqlite3-dev   # log_store_bench's peers
   clang clang-format  # libFuzzer targets, format check
 )
 missing=()

@@ -134,14 +134,13 @@ int main(int argc, char** argv) {
         // The consumer dies inside the handler, before charging: the key was reserved but no
         // outcome is stored, so it stays IN_PROGRESS until its lease runs out and another
         // consumer takes over (attempt 2). Simulated by reserving the key and walking away.
-        auto a = store->Begin({"payments", d.payment_id,
-                               idem::FingerprintJson(d.body).value(), options.lease});
+        auto a = store->Begin(
+            {"payments", d.payment_id, idem::FingerprintJson(d.body).value(), options.lease});
         if (a && std::holds_alternative<idem::Acquired>(*a)) handler_crashes.fetch_add(1);
         broker.Redeliver(std::move(d));
         continue;
       }
-      auto r = receiver.Receive({.key = d.payment_id, .payload = d.body},
-                                charge);
+      auto r = receiver.Receive({.key = d.payment_id, .payload = d.body}, charge);
       if (!r) {
         std::fprintf(stderr, "receive failed: %s\n", r.error().ToString().c_str());
         broker.Redeliver(std::move(d));

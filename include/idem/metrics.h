@@ -40,7 +40,9 @@ class Histogram {
  public:
   virtual ~Histogram() = default;
   virtual void Observe(double value) = 0;
-  void ObserveDuration(std::chrono::nanoseconds d) { Observe(static_cast<double>(d.count()) / 1e9); }
+  void ObserveDuration(std::chrono::nanoseconds d) {
+    Observe(static_cast<double>(d.count()) / 1e9);
+  }
   virtual std::uint64_t Count() const = 0;
   virtual double Sum() const = 0;
 };
@@ -79,21 +81,21 @@ class Registry {
 struct Metrics {
   Metrics(Registry& registry, std::string_view scope);
 
-  Counter* begin_acquired;   // idem_begin_total{answer="acquired"}
-  Counter* begin_replay;     // idem_begin_total{answer="replay"}
-  Counter* begin_busy;       // idem_begin_total{answer="busy"}
-  Counter* begin_conflict;   // idem_begin_total{answer="conflict"}
-  Counter* begin_stale;      // idem_begin_total{answer="stale"}
-  Counter* complete_success; // idem_complete_total{outcome="success"}
-  Counter* complete_failure; // idem_complete_total{outcome="failure"}
-  Counter* releases;         // idem_release_total
-  Counter* takeovers;        // idem_lease_takeover_total
-  Counter* lease_lost;       // idem_lease_lost_total
-  Counter* store_errors;     // idem_store_errors_total
-  Counter* dlq_sends;        // idem_dlq_total
-  Counter* coalesced;        // idem_coalesced_total: duplicates answered by an in-process wait
-  Histogram* handler_seconds;      // idem_handler_seconds
-  Histogram* store_begin_seconds;  // idem_store_op_seconds{op="begin"}
+  Counter* begin_acquired;     // idem_begin_total{answer="acquired"}
+  Counter* begin_replay;       // idem_begin_total{answer="replay"}
+  Counter* begin_busy;         // idem_begin_total{answer="busy"}
+  Counter* begin_conflict;     // idem_begin_total{answer="conflict"}
+  Counter* begin_stale;        // idem_begin_total{answer="stale"}
+  Counter* complete_success;   // idem_complete_total{outcome="success"}
+  Counter* complete_failure;   // idem_complete_total{outcome="failure"}
+  Counter* releases;           // idem_release_total
+  Counter* takeovers;          // idem_lease_takeover_total
+  Counter* lease_lost;         // idem_lease_lost_total
+  Counter* store_errors;       // idem_store_errors_total
+  Counter* dlq_sends;          // idem_dlq_total
+  Counter* coalesced;          // idem_coalesced_total: duplicates answered by an in-process wait
+  Histogram* handler_seconds;  // idem_handler_seconds
+  Histogram* store_begin_seconds;     // idem_store_op_seconds{op="begin"}
   Histogram* store_complete_seconds;  // idem_store_op_seconds{op="complete"}
 };
 

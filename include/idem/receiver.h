@@ -55,7 +55,7 @@ enum class FingerprintMode : std::uint8_t { kNone, kBytes, kJson };
 struct KeySource {
   enum class Kind : std::uint8_t { kExplicit, kHeader, kJsonPointer, kFingerprint };
   Kind kind = Kind::kExplicit;
-  std::string name{};// header name (case-insensitive) or JSON pointer
+  std::string name{};  // header name (case-insensitive) or JSON pointer
 
   static KeySource Explicit() { return {}; }
   static KeySource Header(std::string name) { return {Kind::kHeader, std::move(name)}; }
@@ -112,7 +112,7 @@ struct Delivered {
   Delivery delivery = Delivery::kExecuted;
   std::string key{};                    // the key used (after extraction)
   Outcome outcome = Outcome::kSuccess;  // kExecuted, kReplayed, kCoalesced
-  std::string response{};                 // kExecuted, kReplayed, kCoalesced
+  std::string response{};               // kExecuted, kReplayed, kCoalesced
   std::uint32_t attempt = 0;            // the attempt that produced the outcome
   bool released = false;                // kExecuted with a failure under kRelease
 };

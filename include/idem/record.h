@@ -32,10 +32,10 @@ struct Record {
   Token token = 0;
   std::uint32_t attempt = 0;
   Timestamp created{};
-  Timestamp lease_deadline{};  // kInProgress: when another worker may take over.
-  Timestamp expires{};         // When the record behaves as absent and may be reclaimed.
+  Timestamp lease_deadline{};           // kInProgress: when another worker may take over.
+  Timestamp expires{};                  // When the record behaves as absent and may be reclaimed.
   Outcome outcome = Outcome::kSuccess;  // kCompleted only.
-  std::string response{};                 // kCompleted only.
+  std::string response{};               // kCompleted only.
 };
 
 // ---- begin -------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ struct SessionRequest {
   std::string_view scope{};
   std::string_view client_id{};
   std::chrono::milliseconds ttl{24 * 3600 * 1000};  // idle time after which it expires
-  std::uint32_t window = 1024;                       // max outstanding numbers above low water
+  std::uint32_t window = 1024;                      // max outstanding numbers above low water
 };
 
 struct SessionInfo {

@@ -81,12 +81,12 @@ namespace internal {
 }  // namespace internal
 
 // Programming errors stop the process.
-#define IDEM_CHECK(cond)                                                   \
-  do {                                                                     \
+#define IDEM_CHECK(cond)                                                       \
+  do {                                                                         \
     if (!(cond)) ::idem::internal::CheckFailed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define IDEM_CHECK_MSG(cond, msg)                                               \
-  do {                                                                          \
+#define IDEM_CHECK_MSG(cond, msg)                                                 \
+  do {                                                                            \
     if (!(cond)) ::idem::internal::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
 
@@ -98,16 +98,16 @@ class [[nodiscard]] Result {
  public:
   using value_type = T;
 
-  Result(const T& v) : v_(std::in_place_index<0>, v) {}                 // NOLINT
-  Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}           // NOLINT
-  Result(Status s) : v_(std::in_place_index<1>, std::move(s)) {         // NOLINT
+  Result(const T& v) : v_(std::in_place_index<0>, v) {}          // NOLINT
+  Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}    // NOLINT
+  Result(Status s) : v_(std::in_place_index<1>, std::move(s)) {  // NOLINT
     IDEM_CHECK_MSG(!std::get<1>(v_).ok(), "Result built from an ok Status");
   }
   template <typename U>
-    requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status> &&
-             !std::is_same_v<std::decay_t<U>, Result<T>>)
-  Result(U&& u) : v_(std::in_place_index<0>, T(std::forward<U>(u))) {}  // NOLINT
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, Result<T>>)
+      Result(U&& u)
+      : v_(std::in_place_index<0>, T(std::forward<U>(u))) {}  // NOLINT
 
   bool has_value() const { return v_.index() == 0; }
   explicit operator bool() const { return has_value(); }
@@ -150,9 +150,9 @@ class [[nodiscard]] Result {
 };
 
 // Early-return helpers for .cc files.
-#define IDEM_RETURN_IF_ERROR(expr)          \
-  do {                                      \
-    ::idem::Status idem_status_ = (expr);   \
+#define IDEM_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::idem::Status idem_status_ = (expr);        \
     if (!idem_status_.ok()) return idem_status_; \
   } while (0)
 

@@ -130,20 +130,27 @@ EntityWrite DecideReleaseVersioned(const EntityHead* current, Token token, Times
 
 // ---- input checks ----
 
-Status CheckLease(std::chrono::milliseconds lease) {
-  if (lease.count() <= 0) {
-    return InvalidArgumentError("lease must be positive, got " + std::to_string(lease.count()) +
-                                "ms");
+namespace {
+// Longer durations are surely mistakes, and would overflow time arithmetic.
+constexpr std::chrono::milliseconds kMaxDuration{100LL * 366 * 24 * 3600 * 1000};
+
+Status CheckDuration(std::string_view what, std::chrono::milliseconds d) {
+  if (d.count() <= 0) {
+    return InvalidArgumentError(std::string(what) + " must be positive, got " +
+                                std::to_string(d.count()) + "ms");
+  }
+  if (d > kMaxDuration) {
+    return InvalidArgumentError(std::string(what) + " of " + std::to_string(d.count()) +
+                                "ms is over the limit of 100 years");
   }
   return OkStatus();
 }
+}  // namespace
+
+Status CheckLease(std::chrono::milliseconds lease) { return CheckDuration("lease", lease); }
 
 Status CheckRetention(std::chrono::milliseconds retention) {
-  if (retention.count() <= 0) {
-    return InvalidArgumentError("retention must be positive, got " +
-                                std::to_string(retention.count()) + "ms");
-  }
-  return OkStatus();
+  return CheckDuration("retention", retention);
 }
 
 Status CheckRecordId(std::string_view scope, std::string_view key, std::size_t max_key_bytes) {
@@ -175,10 +182,7 @@ Status CheckClient(std::string_view scope, std::string_view client_id, std::size
 
 Status CheckSession(const SessionRequest& r, std::size_t max_key_bytes) {
   IDEM_RETURN_IF_ERROR(CheckClient(r.scope, r.client_id, max_key_bytes));
-  if (r.ttl.count() <= 0) {
-    return InvalidArgumentError("session ttl must be positive, got " +
-                                std::to_string(r.ttl.count()) + "ms");
-  }
+  IDEM_RETURN_IF_ERROR(CheckDuration("session ttl", r.ttl));
   if (r.window == 0) return InvalidArgumentError("session window must be at least 1");
   return OkStatus();
 }

@@ -40,7 +40,8 @@ TEST(DecideBegin, ExpiredRecordIsAbsent) {
 
 TEST(DecideBegin, RunningLeaseIsBusy) {
   auto a = DecideBegin(nullptr, nullptr, nullptr, kLease, kT0, 1, kGrace);
-  auto d = DecideBegin(&a.next, nullptr, nullptr, kLease, kT0 + kLease - milliseconds(1), 2, kGrace);
+  auto d =
+      DecideBegin(&a.next, nullptr, nullptr, kLease, kT0 + kLease - milliseconds(1), 2, kGrace);
   EXPECT_EQ(d.kind, BeginKind::kBusy);
   EXPECT_EQ(d.next.lease_deadline, kT0 + kLease);
   Fingerprint f = Fp(1);

@@ -17,12 +17,18 @@ namespace idem {
 
 std::string_view DeliveryName(Delivery d) {
   switch (d) {
-    case Delivery::kExecuted: return "executed";
-    case Delivery::kReplayed: return "replayed";
-    case Delivery::kCoalesced: return "coalesced";
-    case Delivery::kBusy: return "busy";
-    case Delivery::kConflict: return "conflict";
-    case Delivery::kStale: return "stale";
+    case Delivery::kExecuted:
+      return "executed";
+    case Delivery::kReplayed:
+      return "replayed";
+    case Delivery::kCoalesced:
+      return "coalesced";
+    case Delivery::kBusy:
+      return "busy";
+    case Delivery::kConflict:
+      return "conflict";
+    case Delivery::kStale:
+      return "stale";
   }
   return "unknown";
 }
@@ -70,9 +76,7 @@ struct Receiver::Flights {
   static constexpr std::size_t kShards = 16;
   std::array<Shard, kShards> shards;
 
-  Shard& ShardOf(const std::string& key) {
-    return shards[std::hash<std::string>{}(key) % kShards];
-  }
+  Shard& ShardOf(const std::string& key) { return shards[std::hash<std::string>{}(key) % kShards]; }
 };
 
 Receiver::Receiver(Store& store, ReceiverOptions options)
@@ -85,8 +89,10 @@ Receiver::~Receiver() = default;
 
 Result<std::optional<Fingerprint>> Receiver::FingerprintOf(const Message& message) const {
   switch (options_.fingerprint) {
-    case FingerprintMode::kNone: return std::optional<Fingerprint>();
-    case FingerprintMode::kBytes: return std::optional<Fingerprint>(FingerprintBytes(message.payload));
+    case FingerprintMode::kNone:
+      return std::optional<Fingerprint>();
+    case FingerprintMode::kBytes:
+      return std::optional<Fingerprint>(FingerprintBytes(message.payload));
     case FingerprintMode::kJson: {
       auto fp = FingerprintJson(message.payload);
       if (!fp) return Status(fp.error().code(), "payload: " + fp.error().message());
@@ -106,8 +112,9 @@ Result<std::string> Receiver::KeyOf(const Message& message) const {
       case KeySource::Kind::kExplicit:
         break;  // empty: rejected below
       case KeySource::Kind::kHeader: {
-        auto it = std::find_if(message.headers.begin(), message.headers.end(),
-                               [&](const Header& h) { return HeaderNameEquals(h.first, src.name); });
+        auto it =
+            std::find_if(message.headers.begin(), message.headers.end(),
+                         [&](const Header& h) { return HeaderNameEquals(h.first, src.name); });
         if (it == message.headers.end()) {
           return InvalidArgumentError("no idempotency key: header " + src.name + " is missing");
         }
@@ -145,7 +152,8 @@ Result<Delivered> Receiver::Receive(const Message& message, const Handler& handl
   auto key = KeyOf(message);
   if (!key) return key.error();
 
-  if (options_.busy_policy != BusyPolicy::kCoalesce) return Run(std::move(*key), *fp, message, handler);
+  if (options_.busy_policy != BusyPolicy::kCoalesce)
+    return Run(std::move(*key), *fp, message, handler);
 
   auto& shard = flights_->ShardOf(*key);
   std::shared_ptr<Flights::Flight> flight;
@@ -216,7 +224,8 @@ Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint
                                 const Message& message, const Handler& handler) {
   auto answer = TimedBegin({options_.scope, key, fp, options_.lease});
   if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
-  if (auto* a = std::get_if<Acquired>(&*answer)) return Execute(std::move(key), *a, message, handler);
+  if (auto* a = std::get_if<Acquired>(&*answer))
+    return Execute(std::move(key), *a, message, handler);
   if (auto* r = std::get_if<Replay>(&*answer)) {
     return Delivered{.delivery = Delivery::kReplayed,
                      .key = std::move(key),
@@ -244,8 +253,8 @@ Result<Delivered> Receiver::WaitForOutcome(std::string key, const std::optional<
   for (;;) {
     Timestamp now = clock_.Now();
     if (now >= deadline) return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
-    clock_.SleepFor(std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          deadline - now)));
+    clock_.SleepFor(
+        std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
     backoff = std::min(backoff * 2, kMaxBackoff);
     auto answer = TimedBegin({options_.scope, key, fp, options_.lease});
     if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
@@ -294,9 +303,9 @@ Result<Delivered> Receiver::Execute(std::string key, const Acquired& acquired,
     if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
   } else {
     Stopwatch csw;
-    written = store_.Complete({options_.scope, key, acquired.token, result.outcome, result.response,
-                               result.outcome == Outcome::kSuccess ? options_.retention
-                                                                   : options_.failure_retention});
+    written = store_.Complete(
+        {options_.scope, key, acquired.token, result.outcome, result.response,
+         result.outcome == Outcome::kSuccess ? options_.retention : options_.failure_retention});
     if (m != nullptr) {
       m->store_complete_seconds->ObserveDuration(csw.Elapsed());
       if (written && *written == WriteAnswer::kApplied) {

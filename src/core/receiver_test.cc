@@ -18,9 +18,9 @@ namespace idem {
 namespace {
 
 using std::chrono::milliseconds;
-using ::testing::HasSubstr;
 using testing::FakeClock;
 using testing::FaultyStore;
+using ::testing::HasSubstr;
 
 class ReceiverTest : public ::testing::Test {
  protected:
@@ -179,8 +179,8 @@ TEST_F(ReceiverTest, CoalesceGivesEveryConcurrentDuplicateTheFirstOutcome) {
   int executed = 0;
   for (auto& res : results) {
     ASSERT_TRUE(res) << res.error().ToString();
-    EXPECT_THAT(res->delivery, ::testing::AnyOf(Delivery::kExecuted, Delivery::kCoalesced,
-                                                Delivery::kReplayed));
+    EXPECT_THAT(res->delivery,
+                ::testing::AnyOf(Delivery::kExecuted, Delivery::kCoalesced, Delivery::kReplayed));
     EXPECT_EQ(res->response, "created");
     executed += res->delivery == Delivery::kExecuted;
   }

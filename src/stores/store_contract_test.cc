@@ -1,13 +1,17 @@
 // The store contract (SPEC §2, §4, §5), run against every store. See store_contract.h for the
 // three groups and how a store joins them.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <latch>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -20,6 +24,7 @@
 #include "idem/record.h"
 #include "idem/status.h"
 #include "idem/store.h"
+#include "idem/stores/log.h"
 #include "idem/stores/memory.h"
 #include "stores/store_contract.h"
 
@@ -1834,10 +1839,49 @@ const StoreUnderTest kMemory{
     .abandoned_retention = MemoryStoreOptions{}.abandoned_retention,
 };
 
+// The embedded log store in each durability mode: a fresh directory per `make`, and `reopen`
+// opens the directory of the last store made.
+StoreUnderTest LogStore(std::string name, SyncMode sync) {
+  auto dir = std::make_shared<std::string>();
+  auto open = [sync, dir](Clock& clock, std::size_t max_key_bytes) {
+    LogStoreOptions o;
+    o.dir = *dir;
+    o.sync = sync;
+    o.sync_interval = milliseconds(5);
+    o.clock = &clock;
+    o.max_key_bytes = max_key_bytes;
+    o.reclaim_interval = milliseconds(0);
+    auto store = OpenLogStore(o);
+    IDEM_CHECK_MSG(store.has_value(), store.error().ToString());
+    return std::move(*store);
+  };
+  return StoreUnderTest{
+      .name = std::move(name),
+      .make =
+          [open, dir](Clock& clock, std::size_t max_key_bytes) {
+            static std::atomic<int> counter{0};
+            *dir = ::testing::TempDir() + "idem-contract-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(counter++);
+            std::filesystem::remove_all(*dir);
+            return open(clock, max_key_bytes);
+          },
+      .reopen = open,
+      .abandoned_retention = LogStoreOptions{}.abandoned_retention,
+  };
+}
+
+const StoreUnderTest kLogAlways = LogStore("log_sync_always", SyncMode::kAlways);
+const StoreUnderTest kLogInterval = LogStore("log_sync_interval", SyncMode::kInterval);
+const StoreUnderTest kLogNone = LogStore("log_sync_none", SyncMode::kNone);
+
 INSTANTIATE_TEST_SUITE_P(Memory, StoreContractTest, ::testing::Values(kMemory), StoreUnderTestName);
 INSTANTIATE_TEST_SUITE_P(Memory, StoreCountsTest, ::testing::Values(kMemory), StoreUnderTestName);
-// No durable store yet; the log store will instantiate it.
-GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StoreReopenTest);
+INSTANTIATE_TEST_SUITE_P(Log, StoreContractTest,
+                         ::testing::Values(kLogAlways, kLogInterval, kLogNone), StoreUnderTestName);
+INSTANTIATE_TEST_SUITE_P(Log, StoreCountsTest,
+                         ::testing::Values(kLogAlways, kLogInterval, kLogNone), StoreUnderTestName);
+INSTANTIATE_TEST_SUITE_P(Log, StoreReopenTest,
+                         ::testing::Values(kLogAlways, kLogInterval, kLogNone), StoreUnderTestName);
 
 }  // namespace
 }  // namespace idem

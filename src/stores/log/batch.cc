@@ -1,0 +1,268 @@
+#include "stores/log/batch.h"
+
+#include <cstring>
+#include <vector>
+
+#include "stores/log/crc32c.h"
+
+namespace idem::log {
+namespace {
+
+constexpr char kMagic[8] = {'I', 'D', 'E', 'M', 'L', 'O', 'G', '\0'};
+
+void Put32(char* p, std::uint32_t v) { std::memcpy(p, &v, 4); }
+void Put64(char* p, std::uint64_t v) { std::memcpy(p, &v, 8); }
+std::uint32_t Get32(const char* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+std::uint64_t Get64(const char* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+struct BatchHeader {
+  std::uint64_t seq;
+  std::uint32_t count;
+  std::uint32_t bytes;
+};
+
+// A batch header at `pos` whose magic and checksum hold, and whose body fits in the file.
+bool ReadHeader(std::string_view f, std::size_t pos, BatchHeader* h) {
+  if (f.size() - pos < kBatchHeaderSize) return false;
+  const char* p = f.data() + pos;
+  if (Get32(p) != kBatchMagic) return false;
+  if (Get32(p + 4) != Crc32c(0, p + 8, 16)) return false;
+  h->seq = Get64(p + 8);
+  h->count = Get32(p + 16);
+  h->bytes = Get32(p + 20);
+  return true;
+}
+
+// The frame at `pos` if its length fits in `end` and its checksum holds.
+bool ReadFrame(std::string_view f, std::size_t pos, std::size_t end, Frame* fr, std::size_t* next) {
+  if (end - pos < kFrameHeaderSize) return false;
+  const char* p = f.data() + pos;
+  std::uint32_t crc = Get32(p);
+  std::uint32_t len = Get32(p + 4);
+  if (len > kMaxFrameBytes || end - pos - kFrameHeaderSize < len) return false;
+  if (Crc32c(0, p + 8, 1 + static_cast<std::size_t>(len)) != crc) return false;
+  fr->type = static_cast<std::uint8_t>(p[8]);
+  fr->payload = f.substr(pos + kFrameHeaderSize, len);
+  fr->offset = pos;
+  *next = pos + kFrameHeaderSize + len;
+  return true;
+}
+
+// Checks a whole batch at `pos` without giving its frames to anyone. On failure, `*bad` is
+// where the damage starts.
+bool BatchIntact(std::string_view f, std::size_t pos, const BatchHeader& h, std::string* why,
+                 std::size_t* bad = nullptr) {
+  std::size_t body = pos + kBatchHeaderSize;
+  if (bad) *bad = body;
+  if (f.size() - body < h.bytes) {
+    *why = "batch extends past the end of the file";
+    return false;
+  }
+  std::size_t end = body + h.bytes, at = body;
+  for (std::uint32_t i = 0; i < h.count; ++i) {
+    Frame fr;
+    if (!ReadFrame(f, at, end, &fr, &at)) {
+      *why =
+          "frame " + std::to_string(i) + " at offset " + std::to_string(at) + " fails its checksum";
+      if (bad) *bad = at;
+      return false;
+    }
+  }
+  if (at != end) {
+    *why = "batch length does not match its frames";
+    if (bad) *bad = at;
+    return false;
+  }
+  return true;
+}
+
+bool AllZero(std::string_view s) { return s.find_first_not_of('\0') == std::string_view::npos; }
+
+// A crash tears the last batch in one of the ways a crash can: cut short (the write did not
+// finish) or zero-filled (the file grew but its blocks were never written). Anything else at
+// the tail, e.g. a complete batch whose checksum fails, is damage.
+bool LooksTorn(std::string_view f, std::size_t pos) {
+  if (f.size() - pos < kBatchHeaderSize) return true;
+  BatchHeader h;
+  if (!ReadHeader(f, pos, &h)) return AllZero(f.substr(pos));
+  std::string why;
+  std::size_t bad;
+  if (BatchIntact(f, pos, h, &why, &bad)) return false;
+  if (f.size() - (pos + kBatchHeaderSize) < h.bytes) return true;
+  // The zeros may start inside the bad frame (its header was in a block that got written),
+  // but nothing after that frame may be non-zero.
+  if (f.size() - bad < kFrameHeaderSize) return AllZero(f.substr(bad));
+  std::size_t frame_end =
+      std::min<std::size_t>(f.size(), bad + kFrameHeaderSize + Get32(f.data() + bad + 4));
+  std::size_t last_nonzero = f.find_last_not_of('\0');
+  return last_nonzero == std::string_view::npos || last_nonzero + 1 < frame_end;
+}
+
+std::size_t NextHeader(std::string_view f, std::size_t from, std::uint64_t after_seq,
+                       BatchHeader* h) {
+  for (std::size_t pos = from; pos + kBatchHeaderSize <= f.size(); ++pos) {
+    if (ReadHeader(f, pos, h) && h->seq > after_seq) {
+      std::string why;
+      if (BatchIntact(f, pos, *h, &why)) return pos;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::string FileHeader() {
+  std::string h(kFileHeaderSize, '\0');
+  std::memcpy(h.data(), kMagic, 8);
+  Put32(h.data() + 8, kFormatVersion);
+  Put32(h.data() + 12, Crc32c(0, h.data(), 12));
+  return h;
+}
+
+Status CheckFileHeader(std::string_view data, std::string_view path) {
+  if (data.size() < kFileHeaderSize || std::memcmp(data.data(), kMagic, 8) != 0 ||
+      Get32(data.data() + 12) != Crc32c(0, data.data(), 12)) {
+    return DataLossError(std::string(path) + " offset 0: not an idem log file (bad header)");
+  }
+  std::uint32_t version = Get32(data.data() + 8);
+  if (version != kFormatVersion) {
+    return FailedPreconditionError(std::string(path) + ": log format version " +
+                                   std::to_string(version) + ", this build reads version " +
+                                   std::to_string(kFormatVersion));
+  }
+  return OkStatus();
+}
+
+void BatchBuilder::Clear() {
+  buf_.assign(kBatchHeaderSize, '\0');
+  count_ = 0;
+}
+
+void BatchBuilder::Add(std::uint8_t type, std::string_view payload) {
+  std::size_t at = buf_.size();
+  buf_.resize(at + kFrameHeaderSize + payload.size());
+  char* p = buf_.data() + at;
+  Put32(p + 4, static_cast<std::uint32_t>(payload.size()));
+  p[8] = static_cast<char>(type);
+  if (!payload.empty()) std::memcpy(p + kFrameHeaderSize, payload.data(), payload.size());
+  Put32(p, Crc32c(0, p + 8, 1 + payload.size()));
+  ++count_;
+}
+
+std::string_view BatchBuilder::Finish(std::uint64_t seq) {
+  char* p = buf_.data();
+  Put32(p, kBatchMagic);
+  Put64(p + 8, seq);
+  Put32(p + 16, count_);
+  Put32(p + 20, static_cast<std::uint32_t>(buf_.size() - kBatchHeaderSize));
+  Put32(p + 4, Crc32c(0, p + 8, 16));
+  return buf_;
+}
+
+Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const FrameSink& sink) {
+  ScanResult r;
+  r.last_seq = after_seq;
+  std::size_t pos = kFileHeaderSize;
+  r.valid_end = pos;
+  while (pos < f.size()) {
+    BatchHeader h;
+    std::string why;
+    bool ok = ReadHeader(f, pos, &h);
+    if (!ok) {
+      why = "bad batch header";
+    } else {
+      ok = BatchIntact(f, pos, h, &why);
+    }
+    if (ok && h.seq != r.last_seq + 1 && r.batches + after_seq != 0) {
+      // An intact batch out of sequence was not torn by a crash: something else wrote here.
+      r.end = ScanResult::End::kDamaged;
+      r.damage_offset = r.resume_offset = pos;
+      r.detail = "batch seq " + std::to_string(h.seq) + " after " + std::to_string(r.last_seq);
+      return r;
+    }
+    if (!ok) {
+      BatchHeader later;
+      std::size_t next = NextHeader(f, pos + 1, r.last_seq, &later);
+      r.damage_offset = pos;
+      r.detail = why;
+      if (next == std::string_view::npos && LooksTorn(f, pos)) {
+        r.end = ScanResult::End::kTornTail;
+      } else if (next == std::string_view::npos) {
+        r.end = ScanResult::End::kDamaged;
+        r.resume_offset = f.size();
+        r.detail += " (a complete batch at the tail that fails its checksum is not a torn write)";
+      } else {
+        r.end = ScanResult::End::kDamaged;
+        r.resume_offset = next;
+      }
+      return r;
+    }
+    std::size_t at = pos + kBatchHeaderSize, end = at + h.bytes;
+    for (std::uint32_t i = 0; i < h.count; ++i) {
+      Frame fr;
+      ReadFrame(f, at, end, &fr, &at);
+      IDEM_RETURN_IF_ERROR(sink(fr));
+      ++r.frames;
+    }
+    ++r.batches;
+    r.last_seq = h.seq;
+    pos = end;
+    r.valid_end = pos;
+  }
+  return r;
+}
+
+Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
+  SalvageResult r;
+  std::size_t pos = kFileHeaderSize;
+  std::size_t drop_from = std::string_view::npos;
+  auto drop_until = [&](std::size_t end) {
+    if (drop_from != std::string_view::npos && end > drop_from) {
+      r.dropped.emplace_back(drop_from, end);
+      r.bytes_dropped += end - drop_from;
+    }
+    drop_from = std::string_view::npos;
+  };
+  while (pos < f.size()) {
+    BatchHeader h;
+    if (!ReadHeader(f, pos, &h)) {
+      if (drop_from == std::string_view::npos) drop_from = pos;
+      ++pos;
+      continue;
+    }
+    std::size_t body = pos + kBatchHeaderSize;
+    std::size_t end = std::min<std::size_t>(f.size(), body + h.bytes);
+    std::size_t at = body;
+    bool intact = f.size() - body >= h.bytes;
+    drop_until(pos);
+    for (std::uint32_t i = 0; i < h.count && at < end; ++i) {
+      Frame fr;
+      std::size_t next;
+      if (!ReadFrame(f, at, end, &fr, &next)) {
+        intact = false;
+        break;
+      }
+      IDEM_RETURN_IF_ERROR(sink(fr));
+      ++r.frames_kept;
+      at = next;
+    }
+    if (intact && at == end) {
+      pos = end;
+    } else {
+      drop_from = at;
+      pos = at + 1;
+    }
+  }
+  drop_until(f.size());
+  return r;
+}
+
+}  // namespace idem::log

@@ -1,0 +1,100 @@
+// The log's framing: files of checksummed batches of checksummed frames. No I/O here.
+//
+//   file   := header batch*
+//   header := "IDEMLOG\0" u32 version u32 crc32c(first 12 bytes)                 (16 bytes)
+//   batch  := u32 kBatchMagic u32 crc32c(seq..bytes) u64 seq u32 count u32 bytes  (24 bytes)
+//             frame{count}                                      (`bytes` bytes of frames)
+//   frame  := u32 crc32c(type, payload) u32 payload_len u8 type payload
+//
+// All integers little-endian. A batch is one group commit: it is written with one write() and
+// made durable by one fdatasync, and batch seq numbers grow by one across files. Under
+// sync=always only the last batch can be torn by a crash, so a damaged batch followed by an
+// intact later batch is real damage, never a torn tail; so is a last batch that is complete
+// but fails its checksum (a crash cuts a write short or leaves zeros, it does not flip bits).
+#ifndef IDEM_STORES_LOG_BATCH_H_
+#define IDEM_STORES_LOG_BATCH_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "idem/status.h"
+
+namespace idem::log {
+
+inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::size_t kFileHeaderSize = 16;
+inline constexpr std::uint32_t kBatchMagic = 0x1DE3B47Cu;
+inline constexpr std::size_t kBatchHeaderSize = 24;
+inline constexpr std::size_t kFrameHeaderSize = 9;
+inline constexpr std::uint32_t kMaxFrameBytes = 64u << 20;
+
+std::string FileHeader();
+// kDataLoss when the bytes are not an idem log header; kFailedPrecondition for another
+// format version. `path` names the file in the message.
+Status CheckFileHeader(std::string_view data, std::string_view path);
+
+// Builds one batch. Reusable after Clear().
+class BatchBuilder {
+ public:
+  BatchBuilder() { Clear(); }
+  void Clear();
+  void Add(std::uint8_t type, std::string_view payload);
+  // The whole batch with its header filled in for `seq`.
+  std::string_view Finish(std::uint64_t seq);
+  std::uint32_t count() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  std::size_t size() const { return buf_.size(); }
+
+ private:
+  std::string buf_;
+  std::uint32_t count_ = 0;
+};
+
+struct Frame {
+  std::uint8_t type;
+  std::string_view payload;
+  std::uint64_t offset;  // of the frame in its file
+};
+
+struct ScanResult {
+  enum class End : std::uint8_t {
+    kClean,     // every byte belongs to an intact batch
+    kTornTail,  // the bytes after `valid_end` are a last batch cut short or zero-filled by a
+                // crash: cut them off
+    kDamaged,   // a bad batch at `damage_offset` is followed by intact data, or is a complete
+                // last batch whose checksum fails
+  };
+  End end = End::kClean;
+  std::uint64_t valid_end = 0;      // offset just after the last intact batch read in order
+  std::uint64_t damage_offset = 0;  // kTornTail/kDamaged: where the first bad batch starts
+  std::uint64_t resume_offset = 0;  // kDamaged: where the next intact batch starts
+  std::uint64_t last_seq = 0;       // seq of the last intact batch (0: none)
+  std::uint64_t batches = 0;
+  std::uint64_t frames = 0;
+  std::string detail;  // what was wrong at damage_offset
+};
+
+using FrameSink = std::function<Status(const Frame&)>;
+
+// Reads a whole file (header included) in order and gives every frame of every intact batch
+// to `sink`, stopping at the first bad batch; the result says whether what follows is a torn
+// tail or damage. A non-ok Status from `sink` stops the scan and is returned.
+// Batches must have seq > `after_seq` and consecutive seqs; a gap is damage.
+Result<ScanResult> ScanLog(std::string_view file, std::uint64_t after_seq, const FrameSink& sink);
+
+struct SalvageResult {
+  std::uint64_t frames_kept = 0;
+  std::uint64_t bytes_dropped = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> dropped;  // [begin, end) ranges
+};
+
+// For repair: gives `sink` every frame with a valid checksum anywhere after the header,
+// skipping damage (it resynchronises on the next batch header, and inside a damaged batch
+// keeps frames whose own checksums hold). Reports the byte ranges it dropped.
+Result<SalvageResult> SalvageLog(std::string_view file, const FrameSink& sink);
+
+}  // namespace idem::log
+
+#endif  // IDEM_STORES_LOG_BATCH_H_

@@ -1,0 +1,189 @@
+#include "stores/log/batch.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "stores/log/crc32c.h"
+
+namespace idem::log {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Crc32c, KnownVectors) {
+  // RFC 3720 B.4 test vectors.
+  std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(zeros), 0x8A9136AAu);
+  std::string ones(32, '\xFF');
+  EXPECT_EQ(Crc32c(ones), 0x62A8AB43u);
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  // Incremental equals one shot.
+  EXPECT_EQ(Crc32c(Crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+}
+
+// A file of `batches` batches, batch i holding i+1 frames "b<i>f<j>".
+std::string MakeFile(int batches, std::vector<std::uint64_t>* batch_offsets = nullptr) {
+  std::string file = FileHeader();
+  BatchBuilder b;
+  for (int i = 0; i < batches; ++i) {
+    b.Clear();
+    for (int j = 0; j <= i; ++j) {
+      b.Add(1, "b" + std::to_string(i) + "f" + std::to_string(j) + std::string(20, 'x'));
+    }
+    if (batch_offsets) batch_offsets->push_back(file.size());
+    file.append(b.Finish(static_cast<std::uint64_t>(i + 1)));
+  }
+  return file;
+}
+
+std::vector<std::string> Frames(std::string_view file, ScanResult* r) {
+  std::vector<std::string> out;
+  auto res = ScanLog(file, 0, [&](const Frame& f) {
+    out.emplace_back(f.payload);
+    return OkStatus();
+  });
+  EXPECT_TRUE(res) << res.error().ToString();
+  if (res) *r = *res;
+  return out;
+}
+
+TEST(Batch, RoundTrip) {
+  std::string file = MakeFile(5);
+  ASSERT_TRUE(CheckFileHeader(file, "f").ok());
+  ScanResult r;
+  auto frames = Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kClean);
+  EXPECT_EQ(r.batches, 5u);
+  EXPECT_EQ(r.frames, 15u);
+  EXPECT_EQ(r.last_seq, 5u);
+  EXPECT_EQ(r.valid_end, file.size());
+  ASSERT_EQ(frames.size(), 15u);
+  EXPECT_EQ(frames[0].substr(0, 4), "b0f0");
+  EXPECT_EQ(frames[14].substr(0, 4), "b4f4");
+}
+
+TEST(Batch, HeaderErrorsNameTheFile) {
+  Status s = CheckFileHeader("garbage-garbage-garbage", "/data/000001.log");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("/data/000001.log offset 0"));
+  std::string other = FileHeader();
+  other[8] = 2;  // version 2, with its checksum fixed up
+  std::uint32_t crc = Crc32c(0, other.data(), 12);
+  std::memcpy(other.data() + 12, &crc, 4);
+  s = CheckFileHeader(other, "f");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("version 2"));
+}
+
+TEST(Batch, EveryTruncationIsATornTailThatKeepsWholeBatches) {
+  std::vector<std::uint64_t> offsets;
+  std::string file = MakeFile(6, &offsets);
+  for (std::size_t cut = kFileHeaderSize; cut < file.size(); ++cut) {
+    ScanResult r;
+    auto frames = Frames(std::string_view(file).substr(0, cut), &r);
+    // Whole batches before the cut survive; the partial one is a torn tail.
+    std::size_t whole = 0;
+    while (whole < offsets.size() &&
+           (whole + 1 == offsets.size() ? file.size() : offsets[whole + 1]) <= cut)
+      ++whole;
+    EXPECT_EQ(r.batches, whole) << cut;
+    bool at_boundary = cut == offsets[whole];
+    EXPECT_EQ(r.end, at_boundary ? ScanResult::End::kClean : ScanResult::End::kTornTail) << cut;
+    EXPECT_EQ(r.valid_end, offsets[whole]) << cut;
+  }
+}
+
+TEST(Batch, DamageBeforeIntactDataIsNotATornTail) {
+  std::vector<std::uint64_t> offsets;
+  std::string file = MakeFile(6, &offsets);
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string damaged = file;
+    // Flip one byte anywhere before the last batch.
+    SCOPED_TRACE(trial);
+    std::uniform_int_distribution<std::size_t> pos(kFileHeaderSize, offsets.back() - 1);
+    std::size_t at = pos(rng);
+    damaged[at] = static_cast<char>(damaged[at] ^ (1 + rng() % 255));
+    ScanResult r;
+    Frames(damaged, &r);
+    EXPECT_EQ(r.end, ScanResult::End::kDamaged) << at;
+    EXPECT_LE(r.damage_offset, at);
+    EXPECT_GT(r.resume_offset, at);
+    EXPECT_FALSE(r.detail.empty());
+  }
+}
+
+TEST(Batch, ACompleteLastBatchWithABadChecksumIsDamageNotATornTail) {
+  std::vector<std::uint64_t> offsets;
+  std::string file = MakeFile(3, &offsets);
+  std::string flipped = file;
+  flipped[file.size() - 3] ^= 0x10;
+  ScanResult r;
+  Frames(flipped, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged);
+  EXPECT_EQ(r.damage_offset, offsets[2]);
+  EXPECT_EQ(r.batches, 2u);
+  // Zeros where the last batch's blocks should be: a crash, not damage.
+  std::string zeroed = file;
+  std::fill(zeroed.begin() + static_cast<std::ptrdiff_t>(offsets[2] + kBatchHeaderSize + 5),
+            zeroed.end(), '\0');
+  Frames(zeroed, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail);
+  EXPECT_EQ(r.valid_end, offsets[2]);
+  // A zero-filled header too.
+  std::string zero_header = file.substr(0, offsets[2]) + std::string(100, '\0');
+  Frames(zero_header, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail);
+}
+
+TEST(Batch, SalvageKeepsEveryIntactFrame) {
+  std::vector<std::uint64_t> offsets;
+  std::string file = MakeFile(6, &offsets);
+  std::string damaged = file;
+  // Break the 3rd frame of batch 4 (5 frames): frames 0,1 of it survive, 2..4 are dropped.
+  std::size_t frame_at = offsets[4] + kBatchHeaderSize;
+  for (int j = 0; j < 2; ++j) {
+    std::uint32_t len;
+    std::memcpy(&len, damaged.data() + frame_at + 4, 4);
+    frame_at += kFrameHeaderSize + len;
+  }
+  damaged[frame_at + kFrameHeaderSize + 1] ^= 0x40;
+  std::vector<std::string> kept;
+  auto r = SalvageLog(damaged, [&](const Frame& f) {
+    kept.emplace_back(f.payload.substr(0, 4));
+    return OkStatus();
+  });
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->frames_kept, 21u - 3u);
+  EXPECT_GT(r->bytes_dropped, 0u);
+  ASSERT_EQ(r->dropped.size(), 1u);
+  EXPECT_EQ(r->dropped[0].first, frame_at);
+  EXPECT_EQ(r->dropped[0].second, offsets[5]);
+  EXPECT_THAT(kept, ::testing::Contains("b4f1"));
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f2")));
+  EXPECT_THAT(kept, ::testing::Contains("b5f5"));
+}
+
+TEST(Batch, SeqGapIsDamage) {
+  std::string file = FileHeader();
+  BatchBuilder b;
+  for (std::uint64_t seq : {1, 2, 4}) {
+    b.Clear();
+    b.Add(1, "x");
+    file.append(b.Finish(seq));
+  }
+  ScanResult r;
+  Frames(file, &r);
+  EXPECT_EQ(r.batches, 2u);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged);
+  EXPECT_THAT(r.detail, HasSubstr("seq 4 after 2"));
+}
+
+}  // namespace
+}  // namespace idem::log

@@ -1,0 +1,437 @@
+// The embedded log store: the memory store's engine with a journal that appends every change
+// to a checksummed log (group commit), replays the log on open, and compacts it in the
+// background. See include/idem/stores/log.h for the durability contract.
+#include "idem/stores/log.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "core/journal.h"
+#include "stores/log/batch.h"
+#include "stores/log/codec.h"
+#include "stores/log/file_system.h"
+#include "stores/log/log_store_internal.h"
+#include "stores/log/writer.h"
+#include "stores/memory/engine.h"
+
+namespace idem {
+namespace log {
+namespace {
+
+using memory_internal::Engine;
+
+std::string FileName(std::uint64_t id, std::string_view ext) {
+  char name[40];
+  std::snprintf(name, sizeof name, "%012llu.%.*s", static_cast<unsigned long long>(id),
+                static_cast<int>(ext.size()), ext.data());
+  return name;
+}
+
+// The store as a Journal for the engine: every change goes to the log writer.
+class LogJournal final : public core::Journal {
+ public:
+  void Attach(LogWriter* w) { writer_ = w; }
+  std::uint64_t Record(const core::Change& c) override {
+    return writer_ != nullptr ? writer_->Append(c) : 0;
+  }
+  std::uint64_t Last() override { return writer_ != nullptr ? writer_->LastTicket() : 0; }
+  Status Wait(std::uint64_t ticket) override {
+    return writer_ != nullptr && ticket != 0 ? writer_->Wait(ticket) : OkStatus();
+  }
+  Status health() override { return writer_ != nullptr ? writer_->health() : OkStatus(); }
+
+ private:
+  LogWriter* writer_ = nullptr;
+};
+
+struct Recovered {
+  std::uint64_t snapshot_id = 0;        // 0: none
+  std::vector<std::uint64_t> segments;  // ids after the snapshot, ascending
+  std::uint64_t last_seq = 0;
+  std::uint64_t max_token = 0;
+  std::uint64_t disk_bytes = 0;
+  std::uint64_t snapshot_bytes = 0;
+};
+
+constexpr std::size_t kLogStoreShards = 64;
+
+class LogStore final : public Store {
+ public:
+  LogStore(LogStoreOptions options, FileSystem& fs) : options_(std::move(options)), fs_(fs) {}
+  ~LogStore() override;
+
+  Status Open();
+
+  std::string_view Name() const override { return "log"; }
+  Result<BeginAnswer> Begin(const BeginRequest& r) override { return After(engine_->Begin(r)); }
+  Result<WriteAnswer> Complete(const CompleteRequest& r) override {
+    return After(engine_->Complete(r));
+  }
+  Result<WriteAnswer> Release(std::string_view s, std::string_view k, Token t) override {
+    return After(engine_->Release(s, k, t));
+  }
+  Result<WriteAnswer> Extend(std::string_view s, std::string_view k, Token t,
+                             std::chrono::milliseconds lease) override {
+    return After(engine_->Extend(s, k, t, lease));
+  }
+  std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> r) override {
+    return After(engine_->BeginBatch(r));
+  }
+  std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> r) override {
+    return After(engine_->CompleteBatch(r));
+  }
+  Result<std::optional<Record>> Get(std::string_view s, std::string_view k) override {
+    return engine_->Get(s, k);
+  }
+  Result<std::vector<Record>> List(const ListFilter& f) override { return engine_->List(f); }
+  Result<bool> Erase(std::string_view s, std::string_view k) override {
+    return engine_->Erase(s, k);
+  }
+  Result<StoreStats> Stats() override;
+  Result<std::uint64_t> Purge() override;
+  Result<SessionInfo> OpenSession(const SessionRequest& r) override {
+    return engine_->OpenSession(r);
+  }
+  Result<BeginAnswer> BeginSequenced(const SequencedBeginRequest& r) override {
+    return engine_->BeginSequenced(r);
+  }
+  Result<WriteAnswer> CompleteSequenced(const SequencedCompleteRequest& r) override {
+    return After(engine_->CompleteSequenced(r));
+  }
+  Result<WriteAnswer> ReleaseSequenced(std::string_view s, std::string_view c, std::uint64_t q,
+                                       Token t) override {
+    return engine_->ReleaseSequenced(s, c, q, t);
+  }
+  Result<SessionInfo> Acknowledge(std::string_view s, std::string_view c,
+                                  std::uint64_t ack) override {
+    return engine_->Acknowledge(s, c, ack);
+  }
+  Result<BeginAnswer> BeginVersioned(const VersionedBeginRequest& r) override {
+    return engine_->BeginVersioned(r);
+  }
+  Result<WriteAnswer> CompleteVersioned(const VersionedCompleteRequest& r) override {
+    return After(engine_->CompleteVersioned(r));
+  }
+  Result<WriteAnswer> ReleaseVersioned(std::string_view s, std::string_view e, Token t) override {
+    return engine_->ReleaseVersioned(s, e, t);
+  }
+  Result<std::optional<EntityVersion>> GetVersion(std::string_view s, std::string_view e) override {
+    return engine_->GetVersion(s, e);
+  }
+
+  // Rewrites the live state into a snapshot and drops the segments it covers. Callers are
+  // held off only per engine slice.
+  Status Compact();
+
+ private:
+  template <typename T>
+  T After(T result) {
+    MaybeCompact();
+    return result;
+  }
+  void MaybeCompact();
+  void CompactionLoop();
+  Status Recover(Recovered* rec);
+  Status ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
+                    std::uint64_t* last_seq, std::uint64_t* max_token);
+  std::string Path(std::string_view name) const { return options_.dir + "/" + std::string(name); }
+  void Warn(const std::string& msg) const {
+    if (options_.warn) {
+      options_.warn(msg);
+    } else {
+      std::fprintf(stderr, "idem log store: %s\n", msg.c_str());
+    }
+  }
+
+  LogStoreOptions options_;
+  FileSystem& fs_;
+  std::unique_ptr<DirLock> lock_;
+  LogJournal journal_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<LogWriter> writer_;
+
+  // Compaction: a background thread woken when the log outgrows the live data.
+  std::mutex compact_mu_;
+  std::condition_variable compact_cv_;
+  bool compact_wanted_ = false;
+  bool stop_ = false;
+  std::thread compactor_;
+  std::atomic<std::uint64_t> base_bytes_{0};       // snapshot + segments at the last check point
+  std::atomic<std::uint64_t> written_at_base_{0};  // writer bytes at that point
+  std::atomic<std::uint64_t> live_bytes_{0};       // size of the last snapshot
+  std::uint64_t snapshot_id_ = 0;
+};
+
+LogStore::~LogStore() {
+  {
+    std::lock_guard g(compact_mu_);
+    stop_ = true;
+  }
+  compact_cv_.notify_all();
+  if (compactor_.joinable()) compactor_.join();
+  // The engine stops its reaper first, then the writer flushes what is pending.
+  engine_.reset();
+  writer_.reset();
+}
+
+Status LogStore::ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
+                            std::uint64_t* last_seq, std::uint64_t* max_token) {
+  const std::string path = Path(name);
+  auto file = fs_.Read(path);
+  if (!file) return file.error();
+  std::string_view data = (*file)->Data();
+  if (is_last && !is_snapshot && data.size() < kFileHeaderSize) {
+    // Created, but the crash came before its header was complete: nothing was in it.
+    Warn(path + ": incomplete header of the newest segment (" + std::to_string(data.size()) +
+         " bytes), removed");
+    file->reset();
+    return fs_.Remove(path);
+  }
+  IDEM_RETURN_IF_ERROR(CheckFileHeader(data, path));
+  Entry e;
+  auto scan = ScanLog(data, is_snapshot ? 0 : *last_seq, [&](const Frame& f) -> Status {
+    Status s = DecodeEntry(f.type, f.payload, &e);
+    if (!s.ok()) {
+      return DataLossError(path + " offset " + std::to_string(f.offset) + ": " + s.message());
+    }
+    std::uint64_t token = e.type == EntryType::kTokenFloor  ? e.token_floor
+                          : e.type == EntryType::kEntityPut ? e.entity.token
+                                                            : e.record.token;
+    if (e.type == EntryType::kTokenFloor || e.type == EntryType::kRecordPut ||
+        e.type == EntryType::kSeqPut || e.type == EntryType::kEntityPut) {
+      *max_token = std::max(*max_token, token);
+    }
+    return engine_->Apply(e);
+  });
+  if (!scan) return scan.error();
+  using End = ScanResult::End;
+  if (scan->end == End::kDamaged || (scan->end == End::kTornTail && (!is_last || is_snapshot))) {
+    return DataLossError(path + " offset " + std::to_string(scan->damage_offset) + ": " +
+                         scan->detail + "; intact data follows, so this is damage, not a torn " +
+                         "write. Run `idem store verify " + options_.dir +
+                         "`, then `idem store repair " + options_.dir + "`");
+  }
+  if (scan->end == End::kTornTail) {
+    Warn(path + " offset " + std::to_string(scan->damage_offset) + ": torn batch at the tail (" +
+         scan->detail + ", " + std::to_string(data.size() - scan->valid_end) +
+         " bytes) cut off; it was never acknowledged");
+    file->reset();
+    IDEM_RETURN_IF_ERROR(fs_.Truncate(path, scan->valid_end));
+  }
+  if (!is_snapshot) *last_seq = scan->last_seq;
+  return OkStatus();
+}
+
+Status LogStore::Recover(Recovered* rec) {
+  auto names = fs_.List(options_.dir);
+  if (!names) return names.error();
+  std::vector<std::uint64_t> snaps, segs;
+  for (const std::string& n : *names) {
+    unsigned long long id = 0;
+    char ext[8] = {};
+    if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") {
+      IDEM_RETURN_IF_ERROR(fs_.Remove(Path(n)));  // an unfinished compaction
+      continue;
+    }
+    if (std::sscanf(n.c_str(), "%12llu.%4s", &id, ext) != 2 || n.size() != 16 + (ext[0] == 's')) {
+      continue;
+    }
+    if (std::string_view(ext) == "log") segs.push_back(id);
+    if (std::string_view(ext) == "snap") snaps.push_back(id);
+  }
+  std::sort(snaps.begin(), snaps.end());
+  std::sort(segs.begin(), segs.end());
+  if (!snaps.empty()) {
+    rec->snapshot_id = snaps.back();
+    IDEM_RETURN_IF_ERROR(ReplayFile(FileName(rec->snapshot_id, "snap"), false, true, &rec->last_seq,
+                                    &rec->max_token));
+    auto f = fs_.Read(Path(FileName(rec->snapshot_id, "snap")));
+    if (f) rec->snapshot_bytes = (*f)->Data().size();
+  }
+  for (std::uint64_t id : segs) {
+    if (id <= rec->snapshot_id) continue;  // covered by the snapshot; removed below
+    rec->segments.push_back(id);
+  }
+  // Segment seqs continue across files; the first segment after a snapshot starts anew.
+  std::uint64_t last_seq = 0;
+  for (std::size_t i = 0; i < rec->segments.size(); ++i) {
+    IDEM_RETURN_IF_ERROR(ReplayFile(FileName(rec->segments[i], "log"),
+                                    i + 1 == rec->segments.size(), false, &last_seq,
+                                    &rec->max_token));
+  }
+  rec->last_seq = last_seq;
+  // Leftovers of a compaction that stopped after writing its snapshot.
+  for (std::uint64_t id : snaps) {
+    if (id < rec->snapshot_id) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(FileName(id, "snap"))));
+  }
+  for (std::uint64_t id : segs) {
+    if (id <= rec->snapshot_id) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(FileName(id, "log"))));
+  }
+  for (std::uint64_t id : rec->segments) {
+    if (auto f = fs_.Read(Path(FileName(id, "log")))) rec->disk_bytes += (*f)->Data().size();
+  }
+  rec->disk_bytes += rec->snapshot_bytes;
+  return OkStatus();
+}
+
+Status LogStore::Open() {
+  IDEM_RETURN_IF_ERROR(fs_.CreateDir(options_.dir));
+  auto lock = fs_.Lock(options_.dir + "/LOCK");
+  if (!lock) return lock.error();
+  lock_ = std::move(*lock);
+
+  MemoryStoreOptions mem;
+  mem.clock = options_.clock;
+  mem.max_key_bytes = options_.max_key_bytes;
+  mem.abandoned_retention = options_.abandoned_retention;
+  // Tokens carry their shard in their low bits, so the shard count must never change for a
+  // store's data: it is fixed.
+  mem.shards = kLogStoreShards;
+  mem.reclaim_interval = options_.reclaim_interval;
+  engine_ = Engine::Create(mem, &journal_);
+
+  Recovered rec;
+  IDEM_RETURN_IF_ERROR(Recover(&rec));
+  engine_->RaiseTokenFloor(rec.max_token);
+  snapshot_id_ = rec.snapshot_id;
+
+  std::uint64_t segment = rec.segments.empty() ? rec.snapshot_id + 1 : rec.segments.back();
+  WriterOptions w;
+  w.sync = options_.sync;
+  w.sync_interval = options_.sync_interval;
+  w.segment_bytes = options_.segment_bytes;
+  auto writer = LogWriter::Open(fs_, options_.dir, segment, rec.last_seq + 1, w);
+  if (!writer) return writer.error();
+  writer_ = std::move(*writer);
+  journal_.Attach(writer_.get());
+
+  live_bytes_ = rec.snapshot_bytes;
+  base_bytes_ = rec.disk_bytes;
+  written_at_base_ = 0;
+  if (options_.compact_ratio > 0) compactor_ = std::thread([this] { CompactionLoop(); });
+  return OkStatus();
+}
+
+void LogStore::MaybeCompact() {
+  if (options_.compact_ratio <= 0) return;
+  std::uint64_t disk = base_bytes_.load(std::memory_order_relaxed) + writer_->bytes_written() -
+                       written_at_base_.load(std::memory_order_relaxed);
+  auto limit =
+      static_cast<std::uint64_t>(options_.compact_ratio * static_cast<double>(live_bytes_.load()));
+  if (disk < options_.compact_min_bytes || disk < limit) return;
+  std::lock_guard g(compact_mu_);
+  if (!compact_wanted_) {
+    compact_wanted_ = true;
+    compact_cv_.notify_one();
+  }
+}
+
+void LogStore::CompactionLoop() {
+  std::unique_lock lock(compact_mu_);
+  for (;;) {
+    compact_cv_.wait(lock, [&] { return stop_ || compact_wanted_; });
+    if (stop_) return;
+    lock.unlock();
+    Status s = Compact();
+    if (!s.ok()) Warn("compaction failed: " + s.ToString());
+    lock.lock();
+    compact_wanted_ = false;
+  }
+}
+
+Status LogStore::Compact() {
+  auto closed = writer_->Rotate();
+  if (!closed) return closed.error();
+  const std::uint64_t written_then = writer_->bytes_written();
+  const std::string tmp = Path(FileName(*closed, "snap") + ".tmp");
+  auto out = fs_.Append(tmp);
+  if (!out) return out.error();
+  Status s = (*out)->Append(FileHeader());
+  BatchBuilder batch;
+  std::uint64_t seq = 0;
+  std::string scratch;
+  auto flush = [&]() -> Status {
+    if (batch.empty()) return OkStatus();
+    Status st = (*out)->Append(batch.Finish(++seq));
+    batch.Clear();
+    return st;
+  };
+  auto add = [&](const core::Change& c) -> Status {
+    scratch.clear();
+    EncodeEntry(c, &scratch);
+    batch.Add(static_cast<std::uint8_t>(c.type), scratch);
+    return batch.size() >= (1u << 20) ? flush() : OkStatus();
+  };
+  // Tokens of records that were released or erased are gone from the snapshot; the floor
+  // keeps every later token above them.
+  core::Change floor;
+  floor.type = core::ChangeType::kTokenFloor;
+  floor.token_floor = engine_->MaxToken();
+  if (s.ok()) s = add(floor);
+  if (s.ok()) s = engine_->Snapshot(add);
+  if (s.ok()) s = flush();
+  if (s.ok()) s = (*out)->Sync();
+  std::uint64_t snap_bytes = (*out)->Size();
+  out->reset();
+  const std::string snap = Path(FileName(*closed, "snap"));
+  if (s.ok()) s = fs_.Rename(tmp, snap);
+  if (s.ok()) s = fs_.SyncDir(options_.dir);
+  if (!s.ok()) {
+    (void)fs_.Remove(tmp);
+    return s;
+  }
+  // The snapshot now covers every segment up to `closed`.
+  auto names = fs_.List(options_.dir);
+  if (!names) return names.error();
+  for (const std::string& n : *names) {
+    unsigned long long id = 0;
+    char ext[8] = {};
+    if (std::sscanf(n.c_str(), "%12llu.%4s", &id, ext) != 2) continue;
+    bool old_segment = std::string_view(ext) == "log" && id <= *closed;
+    bool old_snapshot = std::string_view(ext) == "snap" && id < *closed;
+    if (old_segment || old_snapshot) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(n)));
+  }
+  snapshot_id_ = *closed;
+  live_bytes_ = snap_bytes;
+  base_bytes_ = snap_bytes;
+  written_at_base_ = written_then;
+  return OkStatus();
+}
+
+Result<StoreStats> LogStore::Stats() {
+  auto stats = engine_->Stats();
+  if (!stats) return stats;
+  stats->bytes = base_bytes_.load() + writer_->bytes_written() - written_at_base_.load();
+  return stats;
+}
+
+Result<std::uint64_t> LogStore::Purge() {
+  auto n = engine_->Purge();
+  if (!n) return n;
+  IDEM_RETURN_IF_ERROR(Compact());
+  return n;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> OpenLogStoreWith(const LogStoreOptions& options, FileSystem& fs) {
+  if (options.dir.empty()) return InvalidArgumentError("log store: dir is empty");
+  if (options.sync == SyncMode::kInterval && options.sync_interval.count() <= 0) {
+    return InvalidArgumentError("log store: sync interval must be positive");
+  }
+  auto store = std::make_unique<LogStore>(options, fs);
+  IDEM_RETURN_IF_ERROR(store->Open());
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+}  // namespace log
+
+Result<std::unique_ptr<Store>> OpenLogStore(const LogStoreOptions& options) {
+  return log::OpenLogStoreWith(options, log::FileSystem::Posix());
+}
+
+}  // namespace idem

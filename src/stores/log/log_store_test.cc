@@ -1,0 +1,416 @@
+// The log store beyond the contract suite: ownership, format versions, torn tails, damage,
+// verify/repair, faults (a full disk, I/O errors, a power failure) and compaction.
+#include "idem/stores/log.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stores/log/batch.h"
+#include "stores/log/crc32c.h"
+#include "stores/log/log_store_internal.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/faulty_file_system.h"
+
+namespace idem {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using testing::FakeClock;
+using testing::FaultyFileSystem;
+using ::testing::HasSubstr;
+
+constexpr milliseconds kLease{60'000};
+constexpr milliseconds kRetention{3'600'000};
+
+class LogStoreTest : public ::testing::Test {
+ protected:
+  LogStoreTest() {
+    dir_ = ::testing::TempDir() + "idem-log-" + std::to_string(::getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+  }
+  ~LogStoreTest() override { fs::remove_all(dir_); }
+
+  LogStoreOptions Options(SyncMode sync = SyncMode::kAlways) {
+    LogStoreOptions o;
+    o.dir = dir_;
+    o.sync = sync;
+    o.clock = &clock_;
+    o.reclaim_interval = milliseconds(0);
+    o.warn = [this](std::string_view w) { warnings_.emplace_back(w); };
+    return o;
+  }
+  std::unique_ptr<Store> Open(LogStoreOptions o) {
+    auto s = OpenLogStore(o);
+    EXPECT_TRUE(s) << s.error().ToString();
+    return s ? std::move(*s) : nullptr;
+  }
+  // Begins and completes `key` with a response naming it.
+  void Cycle(Store& s, const std::string& key) {
+    auto a = s.Begin({"t", key, std::nullopt, kLease});
+    ASSERT_TRUE(a) << a.error().ToString();
+    ASSERT_TRUE(std::holds_alternative<Acquired>(*a));
+    auto c = s.Complete(
+        {"t", key, std::get<Acquired>(*a).token, Outcome::kSuccess, "response-" + key, kRetention});
+    ASSERT_TRUE(c) << c.error().ToString();
+    ASSERT_EQ(*c, WriteAnswer::kApplied);
+  }
+  void ExpectReplay(Store& s, const std::string& key) {
+    auto r = s.Begin({"t", key, std::nullopt, kLease});
+    ASSERT_TRUE(r) << r.error().ToString();
+    ASSERT_TRUE(std::holds_alternative<Replay>(*r)) << key << ": " << BeginAnswerName(*r);
+    EXPECT_EQ(std::get<Replay>(*r).response, "response-" + key);
+  }
+  std::vector<std::string> Segments() {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      if (e.path().extension() == ".log") out.push_back(e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // Compaction may rename and remove files while we look: those are skipped.
+  std::uint64_t DiskBytes() {
+    std::uint64_t total = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      std::uint64_t n = e.file_size(ec);
+      if (!ec) total += n;
+    }
+    return total;
+  }
+
+  FakeClock clock_;
+  std::string dir_;
+  std::vector<std::string> warnings_;
+};
+
+TEST_F(LogStoreTest, EverythingSurvivesAReopen) {
+  {
+    auto s = Open(Options());
+    for (int i = 0; i < 100; ++i) Cycle(*s, "k" + std::to_string(i));
+    auto held = s->Begin({"t", "held", std::nullopt, kLease});
+    ASSERT_TRUE(held && std::holds_alternative<Acquired>(*held));
+    ASSERT_TRUE(s->OpenSession({"t", "client", milliseconds(3'600'000), 8}));
+    auto q = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+    ASSERT_TRUE(q && std::holds_alternative<Acquired>(*q));
+    ASSERT_TRUE(s->CompleteSequenced(
+        {"t", "client", 1, std::get<Acquired>(*q).token, Outcome::kSuccess, "seq-1"}));
+    auto v = s->BeginVersioned({"t", "order", 3, kLease});
+    ASSERT_TRUE(v && std::holds_alternative<Acquired>(*v));
+    ASSERT_TRUE(s->CompleteVersioned({"t", "order", std::get<Acquired>(*v).token, kRetention}));
+  }
+  auto s = Open(Options());
+  for (int i = 0; i < 100; ++i) ExpectReplay(*s, "k" + std::to_string(i));
+  auto held = s->Begin({"t", "held", std::nullopt, kLease});
+  ASSERT_TRUE(held);
+  EXPECT_TRUE(std::holds_alternative<Busy>(*held));
+  auto q = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(std::holds_alternative<Replay>(*q));
+  EXPECT_EQ(std::get<Replay>(*q).response, "seq-1");
+  auto v = s->BeginVersioned({"t", "order", 3, kLease});
+  ASSERT_TRUE(v);
+  EXPECT_TRUE(std::holds_alternative<Stale>(*v));
+  EXPECT_TRUE(warnings_.empty());
+}
+
+TEST_F(LogStoreTest, ASecondOpenOfTheSameDirectoryIsRefused) {
+  auto s = Open(Options());
+  auto second = OpenLogStore(Options());
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.error().message(), HasSubstr("locked"));
+}
+
+TEST_F(LogStoreTest, AnotherFormatVersionIsRefused) {
+  { auto s = Open(Options()); }
+  std::string seg = Segments().front();
+  std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+  std::string header(log::kFileHeaderSize, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header.size()));
+  header[8] = 9;
+  std::uint32_t crc = log::Crc32c(0, header.data(), 12);
+  std::memcpy(header.data() + 12, &crc, 4);
+  f.seekp(0);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.close();
+  auto s = OpenLogStore(Options());
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.error().message(), HasSubstr("version 9"));
+  EXPECT_THAT(s.error().message(), HasSubstr(seg));
+}
+
+TEST_F(LogStoreTest, ATornTailIsCutOffWithAWarning) {
+  {
+    auto s = Open(Options());
+    for (int i = 0; i < 10; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  std::string seg = Segments().back();
+  auto size = fs::file_size(seg);
+  // Half of a batch that was being written when the process died.
+  log::BatchBuilder b;
+  b.Add(1, std::string(200, 'x'));
+  std::string batch(b.Finish(999));
+  std::ofstream(seg, std::ios::app | std::ios::binary) << batch.substr(0, batch.size() / 2);
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 10; ++i) ExpectReplay(*s, "k" + std::to_string(i));
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_THAT(warnings_[0], HasSubstr("torn"));
+  EXPECT_THAT(warnings_[0], HasSubstr(seg));
+  EXPECT_EQ(fs::file_size(seg), size);
+}
+
+TEST_F(LogStoreTest, DamageInTheMiddleRefusesToOpenAndRepairKeepsTheRest) {
+  {
+    auto s = Open(Options());
+    for (int i = 0; i < 50; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  std::string seg = Segments().back();
+  // Flip a byte in the 3rd batch (k1's begin): intact batches follow it.
+  std::string data;
+  {
+    std::ifstream in(seg, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::size_t pos = log::kFileHeaderSize;
+  for (int i = 0; i < 2; ++i) {
+    std::uint32_t bytes;
+    std::memcpy(&bytes, data.data() + pos + 20, 4);
+    pos += log::kBatchHeaderSize + bytes;
+  }
+  data[pos + log::kBatchHeaderSize + 12] ^= 0x5A;
+  std::ofstream(seg, std::ios::binary | std::ios::trunc) << data;
+
+  auto s = OpenLogStore(Options());
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.error().message(), HasSubstr(seg + " offset " + std::to_string(pos)));
+  EXPECT_THAT(s.error().message(), HasSubstr("idem store repair"));
+
+  auto verify = VerifyLogStore(dir_);
+  ASSERT_TRUE(verify) << verify.error().ToString();
+  EXPECT_FALSE(verify->ok());
+  ASSERT_EQ(verify->damage.size(), 1u);
+  EXPECT_THAT(verify->damage[0], HasSubstr(seg + " offset " + std::to_string(pos)));
+
+  auto repair = RepairLogStore(dir_);
+  ASSERT_TRUE(repair) << repair.error().ToString();
+  EXPECT_GT(repair->bytes_dropped, 0u);
+  ASSERT_FALSE(repair->dropped.empty());
+  auto again = VerifyLogStore(dir_);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->ok());
+  auto store = Open(Options());
+  ASSERT_NE(store, nullptr);
+  // k1's begin was lost, its completion is then unowned: every other key replays.
+  for (int i = 0; i < 50; ++i) {
+    if (i != 1) ExpectReplay(*store, "k" + std::to_string(i));
+  }
+}
+
+TEST_F(LogStoreTest, RandomDamageNeverCrashesAndNeverPassesSilently) {
+  {
+    auto o = Options(SyncMode::kNone);
+    auto s = Open(o);
+    for (int i = 0; i < 200; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  std::string seg = Segments().back();
+  std::string original;
+  {
+    std::ifstream in(seg, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    SCOPED_TRACE(trial);
+    std::string data = original;
+    std::size_t at = log::kFileHeaderSize + rng() % (data.size() - log::kFileHeaderSize);
+    data[at] = static_cast<char>(data[at] ^ (1 + rng() % 255));
+    std::ofstream(seg, std::ios::binary | std::ios::trunc) << data;
+    warnings_.clear();
+    auto s = OpenLogStore(Options());
+    if (s) {
+      // Only a change to the tail can open, and then only with a warning about it.
+      EXPECT_FALSE(warnings_.empty());
+    } else {
+      EXPECT_EQ(s.error().code(), StatusCode::kDataLoss);
+      EXPECT_THAT(s.error().message(), HasSubstr(seg + " offset "));
+    }
+    s = Result<std::unique_ptr<Store>>(InternalError("closed"));
+    std::ofstream(seg, std::ios::binary | std::ios::trunc) << original;
+  }
+}
+
+TEST_F(LogStoreTest, AFullDiskFailsClosedAndLosesNothingAcknowledged) {
+  FaultyFileSystem faulty;
+  std::vector<std::string> acknowledged;
+  {
+    auto s = log::OpenLogStoreWith(Options(), faulty);
+    ASSERT_TRUE(s) << s.error().ToString();
+    for (int i = 0; i < 20; ++i) {
+      Cycle(**s, "k" + std::to_string(i));
+      acknowledged.push_back("k" + std::to_string(i));
+    }
+    faulty.FailAppendsAfter(100);
+    bool failed = false;
+    for (int i = 20; i < 40 && !failed; ++i) {
+      auto a = (*s)->Begin({"t", "k" + std::to_string(i), std::nullopt, kLease});
+      if (!a) {
+        EXPECT_EQ(a.error().code(), StatusCode::kUnavailable) << a.error().ToString();
+        EXPECT_THAT(a.error().message(), HasSubstr("disk full"));
+        failed = true;
+        break;
+      }
+      auto c = (*s)->Complete({"t", "k" + std::to_string(i), std::get<Acquired>(*a).token,
+                               Outcome::kSuccess, "response-k" + std::to_string(i), kRetention});
+      if (!c) {
+        failed = true;
+        break;
+      }
+      acknowledged.push_back("k" + std::to_string(i));
+    }
+    ASSERT_TRUE(failed);
+    // Fail closed: every call is refused now, reads too.
+    auto r = (*s)->Begin({"t", "k0", std::nullopt, kLease});
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), StatusCode::kUnavailable);
+    auto g = (*s)->Get("t", "k0");
+    EXPECT_FALSE(g);
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  for (const auto& k : acknowledged) ExpectReplay(*s, k);
+}
+
+TEST_F(LogStoreTest, ASyncErrorIsDataLossAndFailsClosed) {
+  FaultyFileSystem faulty;
+  auto s = log::OpenLogStoreWith(Options(), faulty);
+  ASSERT_TRUE(s);
+  Cycle(**s, "before");
+  faulty.FailSyncs(true);
+  auto a = (*s)->Begin({"t", "after", std::nullopt, kLease});
+  ASSERT_FALSE(a);
+  EXPECT_EQ(a.error().code(), StatusCode::kDataLoss);
+  faulty.FailSyncs(false);
+  auto b = (*s)->Begin({"t", "other", std::nullopt, kLease});
+  ASSERT_FALSE(b);  // sticky until reopened
+}
+
+TEST_F(LogStoreTest, SyncAlwaysSurvivesAPowerFailure) {
+  FaultyFileSystem faulty;
+  std::vector<std::string> acknowledged;
+  {
+    auto s = log::OpenLogStoreWith(Options(SyncMode::kAlways), faulty);
+    ASSERT_TRUE(s);
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 30; ++i) {
+          std::string key = "t" + std::to_string(t) + "-" + std::to_string(i);
+          auto a = (*s)->Begin({"t", key, std::nullopt, kLease});
+          if (!a) return;
+          auto c = (*s)->Complete({"t", key, std::get<Acquired>(*a).token, Outcome::kSuccess,
+                                   "response-" + key, kRetention});
+          if (!c) return;
+          std::lock_guard g(mu);
+          acknowledged.push_back(key);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_LT(faulty.syncs(), 2u * 8 * 30) << "group commit shares syncs between callers";
+    faulty.PowerFail();
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(acknowledged.size(), 240u);
+  for (const auto& k : acknowledged) ExpectReplay(*s, k);
+}
+
+TEST_F(LogStoreTest, CompactionBoundsTheDiskAndKeepsLiveRecords) {
+  auto o = Options(SyncMode::kNone);
+  o.compact_min_bytes = 64 << 10;
+  o.segment_bytes = 32 << 10;
+  std::uint64_t max_disk = 0;
+  {
+    auto s = Open(o);
+    // 200 live keys, rewritten (released and acquired again) many times.
+    for (int round = 0; round < 60; ++round) {
+      for (int i = 0; i < 200; ++i) {
+        std::string key = "k" + std::to_string(i);
+        auto a = s->Begin({"t", key, std::nullopt, kLease});
+        ASSERT_TRUE(a && std::holds_alternative<Acquired>(*a));
+        ASSERT_TRUE(s->Release("t", key, std::get<Acquired>(*a).token));
+      }
+      max_disk = std::max(max_disk, DiskBytes());
+    }
+    for (int i = 0; i < 200; ++i) Cycle(*s, "k" + std::to_string(i));
+    ASSERT_TRUE(s->Purge());
+  }
+  // Far below the ~60 x 200 x 2 entries written, whatever compaction's timing was.
+  EXPECT_LT(max_disk, 600u << 10);
+  auto s = Open(o);
+  for (int i = 0; i < 200; ++i) ExpectReplay(*s, "k" + std::to_string(i));
+}
+
+TEST_F(LogStoreTest, ExpiredRecordsAreReclaimedByCompaction) {
+  {
+    auto s = Open(Options(SyncMode::kNone));
+    for (int i = 0; i < 100; ++i) Cycle(*s, "k" + std::to_string(i));
+    clock_.Advance(kRetention);
+    ASSERT_TRUE(s->Purge());
+  }
+  EXPECT_LT(DiskBytes(), 1024u);
+  auto s = Open(Options());
+  auto st = s->Stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->completed, 0u);
+}
+
+TEST_F(LogStoreTest, TokensKeepGrowingAcrossReopensAndCompactions) {
+  Token last = 0;
+  for (int open = 0; open < 3; ++open) {
+    auto s = Open(Options());
+    auto a = s->Begin({"t", "k", std::nullopt, kLease});
+    ASSERT_TRUE(a && std::holds_alternative<Acquired>(*a));
+    Token t = std::get<Acquired>(*a).token;
+    EXPECT_GT(t, last);
+    last = t;
+    ASSERT_TRUE(s->Release("t", "k", t));
+    ASSERT_TRUE(s->Purge());  // compacts: the released record's token is gone from the log
+  }
+}
+
+TEST(LogStoreUrl, Parses) {
+  auto o = ParseLogStoreUrl("log:/var/lib/idem?sync=interval:50");
+  ASSERT_TRUE(o) << o.error().ToString();
+  EXPECT_EQ(o->dir, "/var/lib/idem");
+  EXPECT_EQ(o->sync, SyncMode::kInterval);
+  EXPECT_EQ(o->sync_interval, milliseconds(50));
+  auto d = ParseLogStoreUrl("log:./data");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->sync, SyncMode::kAlways);
+  for (const char* bad :
+       {"log:", "memory:", "log:/x?sync=sometimes", "log:/x?sync=interval:0", "log:/x?color=red"}) {
+    auto b = ParseLogStoreUrl(bad);
+    ASSERT_FALSE(b) << bad;
+    EXPECT_EQ(b.error().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace idem

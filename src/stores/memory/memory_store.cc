@@ -1,0 +1,1613 @@
+// The memory store: records in per-shard pools of 48-byte slots, found through a per-shard
+// open-addressing index; sessions and versioned entities in per-shard hash maps. Every
+// decision is core::Decide*; this file only finds, packs and keeps what the machine returns.
+#include "idem/stores/memory.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "core/journal.h"
+#include "core/machine.h"
+#include "stores/memory/engine.h"
+#include "stores/memory/key_code.h"
+#include "stores/memory/slot_index.h"
+#include "stores/memory/slot_pool.h"
+
+namespace idem {
+namespace {
+
+using memory_internal::DecodeKey;
+using memory_internal::EncodeKey;
+using memory_internal::KeyCode;
+using memory_internal::kMaxScopeId;
+using memory_internal::kMaxTokenSeq;
+using memory_internal::kNoSlot;
+using memory_internal::Slot;
+using memory_internal::SlotArena;
+using memory_internal::SlotIndex;
+using memory_internal::SlotPool;
+
+// Sequenced records have no retention: they stay until acknowledged or until their session
+// expires. The machine takes a retention, so they get one longer than any session.
+constexpr std::chrono::milliseconds kUntilAcknowledged = std::chrono::hours(24 * 365 * 100);
+// The reaper holds a shard lock for at most this many slots at a time.
+constexpr std::uint32_t kReapSlice = 1024;
+constexpr std::size_t kReapMinPerTick = std::size_t{1} << 16;
+// A batch holds the locks of at most this many requests' shards at a time.
+constexpr std::size_t kBatchChunk = 64;
+constexpr std::uint32_t kNoScope = 0xFFFFFFFF;
+constexpr std::size_t kMaxShards = std::size_t{1} << 16;
+// Replayed keys were validated when they were first stored, under whatever limit was then in
+// force; recovery accepts any key a store can hold.
+constexpr std::size_t kMaxStoredKeyBytes = 65535;
+
+// A test-and-test-and-set lock: taking it is one atomic exchange and releasing it a plain
+// store, for critical sections of a few hundred nanoseconds. Waiters back off, then yield.
+class SpinLock {
+ public:
+  void lock() {
+    if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    LockSlow();
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  static void Pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+  void LockSlow() {
+    constexpr int kMaxSpins = 64;
+    for (int spins = 1;; spins = std::min(spins * 2, kMaxSpins)) {
+      for (int i = 0; i < spins; ++i) Pause();
+      if (!locked_.load(std::memory_order_relaxed) &&
+          !locked_.exchange(true, std::memory_order_acquire)) {
+        return;
+      }
+      if (spins == kMaxSpins) std::this_thread::yield();
+    }
+  }
+  std::atomic<bool> locked_{false};
+};
+
+// Secret per process, so that keys cannot be chosen to collide (absl::Hash does the same).
+struct HashSeeds {
+  std::uint64_t s[4];
+};
+const HashSeeds& Seeds() {
+  static const HashSeeds seeds = [] {
+    std::random_device rd;
+    HashSeeds h;
+    for (auto& v : h.s) v = (std::uint64_t{rd()} << 32) ^ rd() ^ 0x9E3779B97F4A7C15u;
+    return h;
+  }();
+  return seeds;
+}
+
+// The high and low halves of the 128-bit product, folded (wyhash's mix).
+std::uint64_t Mix(std::uint64_t a, std::uint64_t b) {
+  __extension__ using U128 = unsigned __int128;
+  const U128 r = static_cast<U128>(a) * b;
+  return static_cast<std::uint64_t>(r) ^ static_cast<std::uint64_t>(r >> 64);
+}
+
+std::uint64_t HashRecord(const KeyCode& code, std::uint64_t scope_hash) {
+  const HashSeeds& seeds = Seeds();
+  const std::uint64_t h = Mix(code.w[0] ^ seeds.s[0], code.w[1] ^ seeds.s[1]);
+  return Mix(h ^ seeds.s[2] ^ code.form, scope_hash ^ seeds.s[3]);
+}
+
+// A fixed (unseeded) hash of bytes, the same in every process.
+std::uint64_t FixedHash(std::string_view s, std::uint64_t h) {
+  constexpr std::uint64_t k0 = 0xA0761D6478BD642Fu, k1 = 0xE7037ED1A0B428DBu;
+  const char* p = s.data();
+  std::size_t n = s.size();
+  while (n > 16) {
+    std::uint64_t a, b;
+    std::memcpy(&a, p, 8);
+    std::memcpy(&b, p + 8, 8);
+    h = Mix(a ^ h ^ k0, b ^ k1);
+    p += 16;
+    n -= 16;
+  }
+  std::uint64_t a = 0, b = 0;
+  std::memcpy(&a, p, std::min<std::size_t>(n, 8));
+  if (n > 8) std::memcpy(&b, p + 8, n - 8);
+  return Mix(a ^ h ^ k1, b ^ k0 ^ s.size());
+}
+
+// Which shard a record lives in is the same in every process, because a record's token
+// carries its shard: a durable store reopens each record into the shard that handed out its
+// token. Only load balance depends on this hash; the index's hashes stay seeded per process.
+std::uint64_t ShardHash(std::string_view scope, std::string_view key) {
+  return FixedHash(key, FixedHash(scope, 0x8BB84B93962EACC9u));
+}
+
+// What locates a record: computed once, outside the shard lock.
+struct RecordId {
+  KeyCode code;
+  std::uint64_t scope_hash = 0;
+  std::uint64_t hash = 0;
+  std::uint64_t shard_hash = 0;
+  std::uint32_t tag() const { return static_cast<std::uint32_t>(hash); }
+};
+
+std::uint64_t ScopeHash(std::string_view scope) {
+  // Most stores use one scope, often the default one.
+  if (scope.empty()) return 0x9E3779B97F4A7C15u;
+  return absl::HashOf(absl::string_view(scope.data(), scope.size()));
+}
+
+RecordId MakeRecordId(std::string_view scope, std::string_view key) {
+  RecordId id;
+  id.code = EncodeKey(key);
+  id.scope_hash = ScopeHash(scope);
+  id.hash = HashRecord(id.code, id.scope_hash);
+  id.shard_hash = ShardHash(scope, key);
+  return id;
+}
+
+// Sessions and entities are named by (scope, name); scope is at most 255 bytes, so a length
+// byte makes the concatenation unambiguous.
+std::string CompositeKey(std::string_view scope, std::string_view name) {
+  std::string k;
+  k.reserve(1 + scope.size() + name.size());
+  k.push_back(static_cast<char>(scope.size()));
+  k.append(scope);
+  k.append(name);
+  return k;
+}
+
+// A record's out-of-line bytes: header, long key, fingerprint, response.
+struct BlobHeader {
+  std::uint32_t response_size;
+  std::uint16_t key_size;
+  std::uint8_t has_fingerprint;
+  std::uint8_t unused;
+};
+
+struct BlobView {
+  std::string_view key;
+  std::optional<Fingerprint> fingerprint;
+  std::string_view response;
+};
+
+std::size_t BlobSize(const BlobHeader& h) {
+  return sizeof(BlobHeader) + h.key_size + (h.has_fingerprint ? sizeof(Fingerprint) : 0) +
+         h.response_size;
+}
+
+struct SeqRecord {
+  core::RecordHead head;
+  std::optional<Fingerprint> fingerprint;
+  std::string response;
+};
+
+struct Session {
+  std::string scope;
+  std::string client_id;
+  core::SessionHead head;
+  absl::flat_hash_map<std::uint64_t, SeqRecord> records;
+};
+
+struct Entity {
+  std::string scope;
+  std::string entity;
+  core::EntityHead head;
+};
+
+struct ScopeInfo {
+  std::string name;
+  std::uint64_t hash = 0;
+  std::uint32_t refs = 0;  // records holding this id; 0: the id is free
+};
+
+SessionInfo MakeSessionInfo(const Session& s) {
+  SessionInfo info;
+  info.scope = s.scope;
+  info.client_id = s.client_id;
+  info.low_water = s.head.low_water;
+  info.window = s.head.window;
+  info.outstanding = static_cast<std::uint32_t>(s.records.size());
+  info.expires = s.head.expires;
+  return info;
+}
+
+BeginAnswer ToAnswer(const core::BeginDecision& d, std::string_view response) {
+  switch (d.kind) {
+    case core::BeginKind::kAcquired:
+      return Acquired{d.next.token, d.next.attempt, d.next.lease_deadline};
+    case core::BeginKind::kBusy:
+      return Busy{d.next.lease_deadline};
+    case core::BeginKind::kReplay:
+      return Replay{d.next.outcome, std::string(response), d.next.attempt};
+    case core::BeginKind::kConflict:
+      return Conflict{};
+  }
+  return Conflict{};
+}
+
+// One independently locked part of the store. Every member but `slots`/`number`/`bits` is
+// guarded by `mu`. What every call writes shares the first cache line with the lock, so a
+// call moves one line between cores; the second line is read-mostly.
+struct alignas(64) Shard {
+  SpinLock mu;
+  std::uint32_t in_progress = 0;
+  std::uint32_t completed = 0;
+  // Invariant: tokens handed out by this shard are (seq << bits) | number for seq up to
+  // token_seq, so a key (always in the same shard) only ever sees growing tokens.
+  std::uint64_t token_seq = 0;
+  SlotIndex index;
+  SlotPool pool;             // its first 12 bytes end the first line
+  Slot* slots = nullptr;     // the store's arena: slot id -> record
+  std::uint32_t number = 0;  // this shard's index: the low bits of its tokens
+  int bits = 0;              // log2 of the shard count
+  std::uint32_t last_scope = kNoScope;
+  std::vector<ScopeInfo> scopes;
+  std::vector<std::uint32_t> free_scopes;
+  absl::flat_hash_map<std::string, std::uint32_t> scope_ids;
+  std::vector<std::unique_ptr<char[]>> blobs;  // blob id - 1
+  std::vector<std::uint32_t> free_blobs;
+  std::size_t blob_bytes = 0;
+  absl::flat_hash_map<std::string, Session> sessions;
+  absl::flat_hash_map<std::string, Entity> entities;
+
+  Token NextToken() const {
+    IDEM_CHECK_MSG(token_seq < kMaxTokenSeq, "memory store shard ran out of tokens");
+    return ((token_seq + 1) << bits) | number;
+  }
+  void TakeToken() { ++token_seq; }
+
+  // ---- scopes: interned per shard, so the common single-scope case is one compare ----
+
+  std::uint32_t FindScope(std::string_view scope) {
+    if (last_scope != kNoScope) {
+      const std::string& name = scopes[last_scope].name;
+      if (name.size() == scope.size() &&
+          (scope.empty() || std::memcmp(name.data(), scope.data(), scope.size()) == 0)) {
+        return last_scope;
+      }
+    }
+    const auto it = scope_ids.find(absl::string_view(scope.data(), scope.size()));
+    if (it == scope_ids.end()) return kNoScope;
+    last_scope = it->second;
+    return it->second;
+  }
+
+  // The scope's id with one more reference, interning it if needed.
+  Result<std::uint32_t> RefScope(std::string_view scope, std::uint64_t hash) {
+    std::uint32_t id = FindScope(scope);
+    if (id == kNoScope) {
+      if (!free_scopes.empty()) {
+        id = free_scopes.back();
+        free_scopes.pop_back();
+      } else {
+        if (scopes.size() > kMaxScopeId) {
+          return ResourceExhaustedError("the memory store holds too many scopes (over " +
+                                        std::to_string(kMaxScopeId) + " per shard)");
+        }
+        id = static_cast<std::uint32_t>(scopes.size());
+        scopes.emplace_back();
+      }
+      scopes[id].name.assign(scope);
+      scopes[id].hash = hash;
+      scope_ids.emplace(scopes[id].name, id);
+      last_scope = id;
+    }
+    ++scopes[id].refs;
+    return id;
+  }
+
+  void UnrefScope(std::uint32_t id) {
+    if (--scopes[id].refs != 0) return;
+    scope_ids.erase(scopes[id].name);
+    scopes[id].name.clear();
+    scopes[id].name.shrink_to_fit();
+    free_scopes.push_back(id);
+    if (last_scope == id) last_scope = kNoScope;
+  }
+
+  // ---- blobs ----
+
+  BlobView Blob(const Slot& s) const {
+    BlobView v;
+    if (s.blob() == 0) return v;
+    const char* p = blobs[s.blob() - 1].get();
+    BlobHeader h;
+    std::memcpy(&h, p, sizeof(h));
+    p += sizeof(h);
+    v.key = std::string_view(p, h.key_size);
+    p += h.key_size;
+    if (h.has_fingerprint) {
+      v.fingerprint.emplace();
+      std::memcpy(v.fingerprint->bytes.data(), p, sizeof(Fingerprint));
+      p += sizeof(Fingerprint);
+    }
+    v.response = std::string_view(p, h.response_size);
+    return v;
+  }
+
+  std::string_view Response(const Slot& s) const {
+    return s.blob() == 0 ? std::string_view() : Blob(s).response;
+  }
+
+  // Replaces the slot's blob (the arguments may point into the old one).
+  void SetBlob(Slot& s, std::string_view long_key, const Fingerprint* fp,
+               std::string_view response) {
+    std::uint32_t id = 0;
+    if (!long_key.empty() || fp != nullptr || !response.empty()) {
+      IDEM_CHECK_MSG(response.size() <= 0xFFFFFFFFu, "response over 4 GiB");
+      BlobHeader h{static_cast<std::uint32_t>(response.size()),
+                   static_cast<std::uint16_t>(long_key.size()),
+                   static_cast<std::uint8_t>(fp != nullptr ? 1 : 0), 0};
+      const std::size_t size = BlobSize(h);
+      auto bytes = std::make_unique_for_overwrite<char[]>(size);
+      char* p = bytes.get();
+      std::memcpy(p, &h, sizeof(h));
+      p += sizeof(h);
+      if (!long_key.empty()) std::memcpy(p, long_key.data(), long_key.size());
+      p += long_key.size();
+      if (fp != nullptr) {
+        std::memcpy(p, fp->bytes.data(), sizeof(Fingerprint));
+        p += sizeof(Fingerprint);
+      }
+      if (!response.empty()) std::memcpy(p, response.data(), response.size());
+      if (free_blobs.empty()) {
+        blobs.push_back(nullptr);
+        id = static_cast<std::uint32_t>(blobs.size());
+      } else {
+        id = free_blobs.back();
+        free_blobs.pop_back();
+      }
+      blobs[id - 1] = std::move(bytes);
+      blob_bytes += size;
+    }
+    FreeBlob(s);
+    s.set_blob(id);
+    s.set_has_fingerprint(fp != nullptr);
+  }
+
+  void FreeBlob(Slot& s) {
+    const std::uint32_t id = s.blob();
+    if (id == 0) return;
+    BlobHeader h;
+    std::memcpy(&h, blobs[id - 1].get(), sizeof(h));
+    blob_bytes -= BlobSize(h);
+    blobs[id - 1].reset();
+    free_blobs.push_back(id);
+    s.set_blob(0);
+  }
+
+  // ---- records ----
+
+  std::uint32_t FindSlot(const RecordId& id, std::string_view scope_name, std::string_view key) {
+    const std::uint32_t scope = FindScope(scope_name);
+    if (scope == kNoScope) return kNoSlot;
+    return index.Find(id.tag(), [&](std::uint32_t slot) {
+      const Slot& s = slots[slot];
+      return s.scope_id() == scope && s.key() == id.code &&
+             (!id.code.IsLong() || Blob(s).key == key);
+    });
+  }
+
+  core::RecordHead Head(const Slot& s) const { return s.head(bits, number); }
+
+  void CountOut(RecordState state) {
+    --(state == RecordState::kCompleted ? completed : in_progress);
+  }
+
+  // Removes a used slot from the index and the pool.
+  void RemoveSlot(SlotArena& arena, std::uint32_t slot_id) {
+    Slot& s = slots[slot_id];
+    const std::uint32_t scope = s.scope_id();
+    index.Erase(static_cast<std::uint32_t>(HashRecord(s.key(), scopes[scope].hash)), slot_id);
+    CountOut(s.state());
+    FreeBlob(s);
+    UnrefScope(scope);
+    pool.Free(arena, slot_id);
+  }
+
+  Record ToRecord(const Slot& s) const {
+    const BlobView blob = Blob(s);
+    const core::RecordHead h = Head(s);
+    Record r;
+    r.scope = scopes[s.scope_id()].name;
+    const KeyCode code = s.key();
+    r.key = code.IsLong() ? std::string(blob.key) : DecodeKey(code);
+    r.state = h.state;
+    r.fingerprint = blob.fingerprint;
+    r.token = h.token;
+    r.attempt = h.attempt;
+    r.created = h.created;
+    r.lease_deadline = h.lease_deadline;
+    r.expires = h.expires;
+    r.outcome = h.outcome;
+    r.response = std::string(blob.response);
+    return r;
+  }
+
+  struct ReapStep {
+    std::size_t next;  // where to continue; SlotPool::kEnd when the shard is done
+    std::uint64_t reclaimed;
+  };
+  // Reclaims expired records among `count` of the shard's slots, from the `from`-th on in
+  // the order SlotPool::ForEach walks them.
+  ReapStep ReapSlots(SlotArena& arena, std::size_t from, std::size_t count, Timestamp now) {
+    std::uint64_t reclaimed = 0;
+    const std::size_t next = pool.ForEach(from, count, [&](std::uint32_t id) {
+      const Slot& s = slots[id];
+      if (s.used() && !(now < s.expires())) {
+        RemoveSlot(arena, id);
+        ++reclaimed;
+      }
+    });
+    return {next, reclaimed};
+  }
+
+  // Reclaims expired sessions (with their records) and entities; returns how many things.
+  std::uint64_t ReapKeyed(Timestamp now) {
+    std::uint64_t n = 0;
+    for (auto it = sessions.begin(); it != sessions.end();) {
+      if (now >= it->second.head.expires) {
+        n += 1 + it->second.records.size();
+        sessions.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = entities.begin(); it != entities.end();) {
+      if (now >= it->second.head.expires) {
+        ++n;
+        entities.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    return n;
+  }
+
+  std::uint64_t KeyedBytes() const {
+    std::uint64_t b = 0;
+    for (const auto& [k, s] : sessions) {
+      b += 2 * k.size() + sizeof(Session) + 16;
+      for (const auto& [seq, r] : s.records) b += sizeof(SeqRecord) + 9 + r.response.size();
+    }
+    for (const auto& [k, e] : entities) b += 2 * k.size() + sizeof(Entity) + 16;
+    return b;
+  }
+};
+
+class MemoryStore final : public memory_internal::Engine {
+ public:
+  MemoryStore(const MemoryStoreOptions& options, core::Journal* journal);
+  ~MemoryStore() override;
+
+  std::string_view Name() const override { return "memory"; }
+
+  Result<BeginAnswer> Begin(const BeginRequest& req) override;
+  Result<WriteAnswer> Complete(const CompleteRequest& req) override;
+  Result<WriteAnswer> Release(std::string_view scope, std::string_view key, Token token) override;
+  Result<WriteAnswer> Extend(std::string_view scope, std::string_view key, Token token,
+                             std::chrono::milliseconds lease) override;
+  std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs) override;
+  std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
+
+  Result<std::optional<Record>> Get(std::string_view scope, std::string_view key) override;
+  Result<std::vector<Record>> List(const ListFilter& filter) override;
+  Result<bool> Erase(std::string_view scope, std::string_view key) override;
+  Result<StoreStats> Stats() override;
+  Result<std::uint64_t> Purge() override;
+
+  Result<SessionInfo> OpenSession(const SessionRequest& req) override;
+  Result<BeginAnswer> BeginSequenced(const SequencedBeginRequest& req) override;
+  Result<WriteAnswer> CompleteSequenced(const SequencedCompleteRequest& req) override;
+  Result<WriteAnswer> ReleaseSequenced(std::string_view scope, std::string_view client_id,
+                                       std::uint64_t seq, Token token) override;
+  Result<SessionInfo> Acknowledge(std::string_view scope, std::string_view client_id,
+                                  std::uint64_t ack) override;
+
+  Result<BeginAnswer> BeginVersioned(const VersionedBeginRequest& req) override;
+  Result<WriteAnswer> CompleteVersioned(const VersionedCompleteRequest& req) override;
+  Result<WriteAnswer> ReleaseVersioned(std::string_view scope, std::string_view entity,
+                                       Token token) override;
+  Result<std::optional<EntityVersion>> GetVersion(std::string_view scope,
+                                                  std::string_view entity) override;
+
+  Status Apply(const core::Change& c) override;
+  void RaiseTokenFloor(std::uint64_t floor) override;
+  std::uint64_t MaxToken() override;
+  Status Snapshot(const std::function<Status(const core::Change&)>& sink) override;
+
+ private:
+  // ---- durability: what a journal (when there is one) must hear, and waiting for it ----
+  Status Healthy() { return journal_ == nullptr ? OkStatus() : journal_->health(); }
+  // The rest run under the shard lock and return the ticket to wait on.
+  std::uint64_t Seen() { return journal_ == nullptr ? 0 : journal_->Last(); }
+  std::uint64_t LogRecord(const Shard& sh, const Slot& s, std::string_view scope,
+                          std::string_view key);
+  std::uint64_t LogRemoval(core::ChangeType type, std::string_view scope, std::string_view name,
+                           std::uint64_t seq = 0);
+  std::uint64_t LogSession(const Session& s);
+  std::uint64_t LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r);
+  std::uint64_t LogEntity(const Entity& e);
+  // Gives `r` only once the change behind it (or the state it read) is durable.
+  template <typename T>
+  Result<T> Durable(Result<T> r, std::uint64_t ticket) {
+    if (journal_ == nullptr || ticket == 0) return r;
+    Status st = journal_->Wait(ticket);
+    if (!st.ok()) return st;
+    return r;
+  }
+
+  Shard& ShardFor(std::uint64_t hash) {
+    return shards_[bits_ == 0 ? 0 : static_cast<std::size_t>(hash >> (64 - bits_))];
+  }
+
+  // Caller holds sh.mu.
+  Result<BeginAnswer> BeginLocked(Shard& sh, const RecordId& id, const BeginRequest& req,
+                                  Timestamp now, std::uint64_t& ticket);
+  WriteAnswer CompleteLocked(Shard& sh, const RecordId& id, const CompleteRequest& req,
+                             Timestamp now, std::uint64_t& ticket);
+  template <typename Req, typename Answer, typename Check, typename Decide>
+  std::vector<Result<Answer>> RunBatch(std::span<const Req> reqs, Check check, Decide decide);
+
+  Status CheckClient(std::string_view scope, std::string_view client_id) const;
+  Status CheckEntity(std::string_view scope, std::string_view entity) const;
+  static Status UnknownSession(std::string_view scope, std::string_view client_id);
+
+  // Reclaims everything expired in `sh`, one slice of slots per lock hold.
+  std::uint64_t ReapShard(Shard& sh);
+  void ReaperLoop(std::chrono::milliseconds interval);
+
+  Clock* const clock_;
+  core::Journal* const journal_;
+  const std::size_t max_key_bytes_;
+  const std::chrono::milliseconds abandoned_retention_;
+  int bits_ = 0;
+  std::size_t shard_count_ = 1;
+  // Declared before the shards: their pools point into the arena's blocks.
+  SlotArena arena_;
+  std::unique_ptr<Shard[]> shards_;
+
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  std::atomic<bool> stopping_{false};
+  std::thread reaper_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journal)
+    : clock_(options.clock != nullptr ? options.clock : &Clock::System()),
+      journal_(journal),
+      max_key_bytes_(options.max_key_bytes),
+      abandoned_retention_(options.abandoned_retention) {
+  std::size_t n = options.shards;
+  if (n == 0) n = std::max<std::size_t>(64, 4 * std::thread::hardware_concurrency());
+  n = std::bit_ceil(std::clamp<std::size_t>(n, 1, kMaxShards));
+  shard_count_ = n;
+  bits_ = std::countr_zero(n);
+  shards_.reset(new Shard[n]);
+  for (std::size_t i = 0; i < n; ++i) {
+    shards_[i].number = static_cast<std::uint32_t>(i);
+    shards_[i].slots = &arena_.at(0);
+    shards_[i].bits = bits_;
+  }
+  if (options.reclaim_interval.count() > 0) {
+    reaper_ = std::thread([this, interval = options.reclaim_interval] { ReaperLoop(interval); });
+  }
+}
+
+MemoryStore::~MemoryStore() {
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    stopping_.store(true, std::memory_order_relaxed);
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+// ---- records ----
+
+Result<BeginAnswer> MemoryStore::Begin(const BeginRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckBegin(req, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const RecordId id = MakeRecordId(req.scope, req.key);
+  Shard& sh = ShardFor(id.shard_hash);
+  // The index line's miss overlaps the clock read and the lock.
+  sh.index.Prefetch(id.tag());
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<BeginAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    return BeginLocked(sh, id, req, now, ticket);
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<BeginAnswer> MemoryStore::BeginLocked(Shard& sh, const RecordId& id, const BeginRequest& req,
+                                             Timestamp now, std::uint64_t& ticket) {
+  const std::uint32_t slot_id = sh.FindSlot(id, req.scope, req.key);
+  core::RecordHead current;
+  std::optional<Fingerprint> stored_fp;
+  if (slot_id != kNoSlot) {
+    const Slot& s = sh.slots[slot_id];
+    current = sh.Head(s);
+    if (s.has_fingerprint()) stored_fp = sh.Blob(s).fingerprint;
+  }
+  const Fingerprint* request_fp = req.fingerprint ? &*req.fingerprint : nullptr;
+  const core::BeginDecision d =
+      core::DecideBegin(slot_id == kNoSlot ? nullptr : &current, stored_fp ? &*stored_fp : nullptr,
+                        request_fp, req.lease, now, sh.NextToken(), abandoned_retention_);
+  if (d.kind != core::BeginKind::kAcquired) {
+    ticket = std::max(ticket, Seen());
+    return ToAnswer(d, d.kind == core::BeginKind::kReplay ? sh.Response(sh.slots[slot_id])
+                                                          : std::string_view());
+  }
+  const std::string_view long_key = id.code.IsLong() ? req.key : std::string_view();
+  if (slot_id == kNoSlot) {
+    const Result<std::uint32_t> scope = sh.RefScope(req.scope, id.scope_hash);
+    if (!scope.has_value()) return scope.error();
+    const std::optional<std::uint32_t> new_id = sh.pool.Allocate(arena_);
+    if (!new_id) {
+      sh.UnrefScope(*scope);
+      return ResourceExhaustedError("the memory store is full");
+    }
+    Slot& s = sh.slots[*new_id];
+    s.set_key(id.code);
+    s.set_scope_id(*scope);
+    s.set_head(d.next, sh.bits);
+    if (!long_key.empty() || request_fp != nullptr) sh.SetBlob(s, long_key, request_fp, {});
+    sh.index.Insert(id.tag(), *new_id);
+    ticket = std::max(ticket, LogRecord(sh, s, req.scope, req.key));
+  } else {
+    Slot& s = sh.slots[slot_id];
+    if (!d.takeover) {
+      // The old record had expired: this is a new record under the same key.
+      sh.CountOut(current.state);
+      if (s.blob() != 0 || request_fp != nullptr) sh.SetBlob(s, long_key, request_fp, {});
+    } else {
+      --sh.in_progress;
+    }
+    s.set_head(d.next, sh.bits);
+    ticket = std::max(ticket, LogRecord(sh, s, req.scope, req.key));
+  }
+  ++sh.in_progress;
+  sh.TakeToken();
+  return ToAnswer(d, {});
+}
+
+Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckComplete(req, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const RecordId id = MakeRecordId(req.scope, req.key);
+  Shard& sh = ShardFor(id.shard_hash);
+  sh.index.Prefetch(id.tag());
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    return Result<WriteAnswer>(CompleteLocked(sh, id, req, now, ticket));
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+WriteAnswer MemoryStore::CompleteLocked(Shard& sh, const RecordId& id, const CompleteRequest& req,
+                                        Timestamp now, std::uint64_t& ticket) {
+  const std::uint32_t slot_id = sh.FindSlot(id, req.scope, req.key);
+  if (slot_id == kNoSlot) {
+    ticket = std::max(ticket, Seen());
+    return core::DecideComplete(nullptr, req.token, req.outcome, req.retention, now).answer;
+  }
+  Slot& s = sh.slots[slot_id];
+  const core::RecordHead current = sh.Head(s);
+  const core::WriteDecision d =
+      core::DecideComplete(&current, req.token, req.outcome, req.retention, now);
+  if (d.answer != WriteAnswer::kApplied) {
+    ticket = std::max(ticket, Seen());
+    return d.answer;
+  }
+  s.set_head(d.next, sh.bits);
+  --sh.in_progress;
+  ++sh.completed;
+  if (!req.response.empty()) {
+    const BlobView blob = sh.Blob(s);
+    sh.SetBlob(s, blob.key, blob.fingerprint ? &*blob.fingerprint : nullptr, req.response);
+  }
+  ticket = std::max(ticket, LogRecord(sh, s, req.scope, req.key));
+  return d.answer;
+}
+
+Result<WriteAnswer> MemoryStore::Release(std::string_view scope, std::string_view key,
+                                         Token token) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const RecordId id = MakeRecordId(scope, key);
+  Shard& sh = ShardFor(id.shard_hash);
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
+    ticket = Seen();
+    if (slot_id == kNoSlot) return core::DecideRelease(nullptr, token, now);
+    const core::RecordHead current = sh.Head(sh.slots[slot_id]);
+    const WriteAnswer a = core::DecideRelease(&current, token, now);
+    if (a == WriteAnswer::kApplied) {
+      sh.RemoveSlot(arena_, slot_id);
+      ticket = LogRemoval(core::ChangeType::kRecordDelete, scope, key);
+    }
+    return a;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view key, Token token,
+                                        std::chrono::milliseconds lease) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const RecordId id = MakeRecordId(scope, key);
+  Shard& sh = ShardFor(id.shard_hash);
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
+    ticket = Seen();
+    if (slot_id == kNoSlot) {
+      return core::DecideExtend(nullptr, token, lease, now, abandoned_retention_).answer;
+    }
+    Slot& s = sh.slots[slot_id];
+    const core::RecordHead current = sh.Head(s);
+    const core::WriteDecision d =
+        core::DecideExtend(&current, token, lease, now, abandoned_retention_);
+    if (d.answer == WriteAnswer::kApplied) {
+      s.set_head(d.next, sh.bits);
+      ticket = LogRecord(sh, s, scope, key);
+    }
+    return d.answer;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+// Batches: validate and locate every request first (their key and index misses overlap),
+// sort them by shard (stably: repeats of a key keep their order), then, a chunk at a time,
+// lock the chunk's shards in address order (so batches cannot deadlock), prefetch every
+// candidate record, and only then decide, request by request.
+template <typename Req, typename Answer, typename Check, typename Decide>
+std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Check check,
+                                                  Decide decide) {
+  std::vector<std::optional<Result<Answer>>> answers(reqs.size());
+  if (Status health = Healthy(); !health.ok()) {
+    return std::vector<Result<Answer>>(reqs.size(), Result<Answer>(health));
+  }
+  std::uint64_t ticket = 0;
+  std::vector<RecordId> ids(reqs.size());
+  std::vector<std::uint32_t> order;
+  order.reserve(reqs.size());
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    Status st = check(reqs[i]);
+    if (!st.ok()) {
+      answers[i].emplace(std::move(st));
+      continue;
+    }
+    ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key);
+    ShardFor(ids[i].shard_hash).index.Prefetch(ids[i].tag());
+    order.push_back(static_cast<std::uint32_t>(i));
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return &ShardFor(ids[a].shard_hash) < &ShardFor(ids[b].shard_hash);
+  });
+  // A chunk at a time, so a huge batch does not hold every shard for long.
+  std::vector<Shard*> locked;
+  for (std::size_t begin = 0; begin < order.size(); begin += kBatchChunk) {
+    const std::span<const std::uint32_t> chunk(
+        order.data() + begin, std::min<std::size_t>(kBatchChunk, order.size() - begin));
+    locked.clear();
+    for (std::uint32_t i : chunk) {
+      Shard* sh = &ShardFor(ids[i].shard_hash);
+      if (locked.empty() || locked.back() != sh) {
+        sh->mu.lock();
+        locked.push_back(sh);
+      }
+    }
+    for (std::uint32_t i : chunk) {
+      const std::uint32_t guess = ShardFor(ids[i].shard_hash).index.FirstWithTag(ids[i].tag());
+      if (guess != kNoSlot) arena_.Prefetch(guess);
+    }
+    const Timestamp now = clock_->Now();
+    for (std::uint32_t i : chunk) {
+      answers[i].emplace(decide(ShardFor(ids[i].shard_hash), ids[i], reqs[i], now, ticket));
+    }
+    for (Shard* sh : locked) sh->mu.unlock();
+  }
+  // One wait for the whole batch: its changes share group commits.
+  const Status durable = journal_ != nullptr && ticket != 0 ? journal_->Wait(ticket) : OkStatus();
+  std::vector<Result<Answer>> out;
+  out.reserve(reqs.size());
+  for (auto& a : answers) {
+    if (!durable.ok() && a->has_value()) {
+      out.emplace_back(durable);
+    } else {
+      out.push_back(std::move(*a));
+    }
+  }
+  return out;
+}
+
+std::vector<Result<BeginAnswer>> MemoryStore::BeginBatch(std::span<const BeginRequest> reqs) {
+  return RunBatch<BeginRequest, BeginAnswer>(
+      reqs, [this](const BeginRequest& r) { return core::CheckBegin(r, max_key_bytes_); },
+      [this](Shard& sh, const RecordId& id, const BeginRequest& r, Timestamp now,
+             std::uint64_t& ticket) { return BeginLocked(sh, id, r, now, ticket); });
+}
+
+std::vector<Result<WriteAnswer>> MemoryStore::CompleteBatch(std::span<const CompleteRequest> reqs) {
+  return RunBatch<CompleteRequest, WriteAnswer>(
+      reqs, [this](const CompleteRequest& r) { return core::CheckComplete(r, max_key_bytes_); },
+      [this](Shard& sh, const RecordId& id, const CompleteRequest& r, Timestamp now,
+             std::uint64_t& ticket) {
+        return Result<WriteAnswer>(CompleteLocked(sh, id, r, now, ticket));
+      });
+}
+
+// ---- operator calls ----
+
+Result<std::optional<Record>> MemoryStore::Get(std::string_view scope, std::string_view key) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const RecordId id = MakeRecordId(scope, key);
+  Shard& sh = ShardFor(id.shard_hash);
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<std::optional<Record>> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    ticket = Seen();
+    const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
+    if (slot_id == kNoSlot) return std::optional<Record>();
+    const Slot& s = sh.slots[slot_id];
+    if (!core::IsLive(sh.Head(s), now)) return std::optional<Record>();
+    return std::optional<Record>(sh.ToRecord(s));
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<std::vector<Record>> MemoryStore::List(const ListFilter& filter) {
+  if (filter.scope) IDEM_RETURN_IF_ERROR(ValidateScope(*filter.scope));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  std::vector<Record> out;
+  const Timestamp now = clock_->Now();
+  for (std::size_t i = 0; i < shard_count_ && out.size() < filter.limit; ++i) {
+    Shard& sh = shards_[i];
+    // Slice by slice, like the reaper, so a big shard is not locked for the whole scan.
+    for (std::size_t from = 0; from != SlotPool::kEnd && out.size() < filter.limit;) {
+      std::lock_guard<SpinLock> lock(sh.mu);
+      std::uint32_t scope = kNoScope;
+      if (filter.scope) {
+        scope = sh.FindScope(*filter.scope);
+        if (scope == kNoScope) break;
+      }
+      from = sh.pool.ForEach(from, kReapSlice, [&](std::uint32_t id) {
+        const Slot& s = sh.slots[id];
+        if (out.size() >= filter.limit || !s.used() || (filter.scope && s.scope_id() != scope)) {
+          return;
+        }
+        const core::RecordHead h = sh.Head(s);
+        if (!core::IsLive(h, now) || (filter.state && h.state != *filter.state) ||
+            (filter.created_before && !(h.created < *filter.created_before))) {
+          return;
+        }
+        out.push_back(sh.ToRecord(s));
+      });
+    }
+  }
+  return Durable(Result<std::vector<Record>>(std::move(out)), Seen());
+}
+
+Result<bool> MemoryStore::Erase(std::string_view scope, std::string_view key) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const RecordId id = MakeRecordId(scope, key);
+  Shard& sh = ShardFor(id.shard_hash);
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<bool> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    ticket = Seen();
+    const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
+    if (slot_id == kNoSlot) return false;
+    const bool live = core::IsLive(sh.Head(sh.slots[slot_id]), now);
+    sh.RemoveSlot(arena_, slot_id);
+    ticket = LogRemoval(core::ChangeType::kRecordDelete, scope, key);
+    return live;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<StoreStats> MemoryStore::Stats() {
+  IDEM_RETURN_IF_ERROR(Healthy());
+  StoreStats st;
+  st.bytes = arena_.bytes() + sizeof(Shard) * shard_count_;
+  for (std::size_t i = 0; i < shard_count_; ++i) {
+    Shard& sh = shards_[i];
+    std::lock_guard<SpinLock> lock(sh.mu);
+    st.in_progress += sh.in_progress;
+    st.completed += sh.completed;
+    for (const auto& [k, session] : sh.sessions) {
+      for (const auto& [seq, r] : session.records) {
+        ++(r.head.state == RecordState::kCompleted ? st.completed : st.in_progress);
+      }
+    }
+    st.sessions += sh.sessions.size();
+    st.entities += sh.entities.size();
+    st.bytes += sh.index.bytes() + sh.blob_bytes + sh.blobs.capacity() * sizeof(void*) +
+                sh.scopes.capacity() * sizeof(ScopeInfo) + sh.KeyedBytes();
+  }
+  return st;
+}
+
+std::uint64_t MemoryStore::ReapShard(Shard& sh) {
+  std::uint64_t n = 0;
+  for (std::size_t from = 0; from != SlotPool::kEnd;) {
+    // Each slice takes the lock afresh, so callers of this shard wait one slice at most.
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const Shard::ReapStep step = sh.ReapSlots(arena_, from, kReapSlice, clock_->Now());
+    from = step.next;
+    n += step.reclaimed;
+  }
+  std::lock_guard<SpinLock> lock(sh.mu);
+  return n + sh.ReapKeyed(clock_->Now());
+}
+
+Result<std::uint64_t> MemoryStore::Purge() {
+  IDEM_RETURN_IF_ERROR(Healthy());
+  std::uint64_t n = 0;
+  for (std::size_t i = 0; i < shard_count_; ++i) n += ReapShard(shards_[i]);
+  return n;
+}
+
+void MemoryStore::ReaperLoop(std::chrono::milliseconds interval) {
+  // Where the sweep goes on at the next tick.
+  std::size_t shard = 0;
+  std::size_t from = 0;
+  std::unique_lock<std::mutex> lock(reaper_mu_);
+  while (true) {
+    // Real time on purpose: the reaper paces itself; what is expired comes from clock_.
+    reaper_cv_.wait_for(lock, interval,
+                        [this] { return stopping_.load(std::memory_order_relaxed); });
+    if (stopping_.load(std::memory_order_relaxed)) return;
+    lock.unlock();
+    // A tick sweeps a sixteenth of the slots (at least kReapMinPerTick), so a whole pass
+    // takes about sixteen intervals whatever the size, at a small, steady cost.
+    std::size_t budget = std::max(kReapMinPerTick, arena_.slots() / 16);
+    while (budget > 0 && !stopping_.load(std::memory_order_relaxed)) {
+      Shard& sh = shards_[shard];
+      std::lock_guard<SpinLock> shard_lock(sh.mu);
+      if (from == 0) sh.ReapKeyed(clock_->Now());
+      from = sh.ReapSlots(arena_, from, kReapSlice, clock_->Now()).next;
+      budget -= std::min<std::size_t>(budget, kReapSlice);
+      if (from == SlotPool::kEnd) {
+        shard = (shard + 1) % shard_count_;
+        from = 0;
+      }
+    }
+    lock.lock();
+  }
+}
+
+// ---- client sessions ----
+
+Status MemoryStore::CheckClient(std::string_view scope, std::string_view client_id) const {
+  SessionRequest r;
+  r.scope = scope;
+  r.client_id = client_id;
+  return core::CheckSession(r, max_key_bytes_);
+}
+
+Status MemoryStore::UnknownSession(std::string_view scope, std::string_view client_id) {
+  return FailedPreconditionError("session '" + std::string(client_id) + "' in scope '" +
+                                 std::string(scope) + "' is unknown or expired; register it again");
+}
+
+Result<SessionInfo> MemoryStore::OpenSession(const SessionRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckSession(req, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  std::string key = CompositeKey(req.scope, req.client_id);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<SessionInfo> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    auto [it, inserted] = sh.sessions.try_emplace(std::move(key));
+    Session& s = it->second;
+    if (inserted) {
+      s.scope.assign(req.scope);
+      s.client_id.assign(req.client_id);
+    } else if (now >= s.head.expires) {
+      // An expired session registered again starts afresh, as if the reaper had taken it.
+      s.records.clear();
+      s.head = core::SessionHead();
+      LogRemoval(core::ChangeType::kSessionDelete, s.scope, s.client_id);
+    }
+    s.head.window = req.window;
+    s.head.ttl = req.ttl;
+    s.head.expires = now + req.ttl;
+    ticket = LogSession(s);
+    return MakeSessionInfo(s);
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+namespace {
+void DropThrough(Session& s, std::uint64_t drop_through) {
+  if (drop_through == 0) return;
+  for (auto it = s.records.begin(); it != s.records.end();) {
+    if (it->first <= drop_through) {
+      s.records.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+}  // namespace
+
+Result<BeginAnswer> MemoryStore::BeginSequenced(const SequencedBeginRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckSequenced(req, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(req.scope, req.client_id);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  // The session gate and the record decision happen under one lock.
+  Result<BeginAnswer> answer = [&]() -> Result<BeginAnswer> {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const auto it = sh.sessions.find(key);
+    Session* session = it == sh.sessions.end() ? nullptr : &it->second;
+    const core::SessionDecision g =
+        core::DecideSequenced(session ? &session->head : nullptr, req.seq, req.ack, now);
+    switch (g.gate) {
+      case core::SessionGate::kUnknown:
+        return UnknownSession(req.scope, req.client_id);
+      case core::SessionGate::kWindowFull:
+        return ResourceExhaustedError("sequence number " + std::to_string(req.seq) +
+                                      " is past the session window (low water " +
+                                      std::to_string(session->head.low_water) + ", window " +
+                                      std::to_string(session->head.window) + ")");
+      case core::SessionGate::kStale:
+      case core::SessionGate::kProceed:
+        break;
+    }
+    session->head = g.next;
+    DropThrough(*session, g.drop_through);
+    ticket = LogSession(*session);
+    if (g.gate == core::SessionGate::kStale) return BeginAnswer(Stale{});
+
+    const auto rit = session->records.find(req.seq);
+    SeqRecord* rec = rit == session->records.end() ? nullptr : &rit->second;
+    const Fingerprint* request_fp = req.fingerprint ? &*req.fingerprint : nullptr;
+    const core::BeginDecision d = core::DecideBegin(
+        rec ? &rec->head : nullptr, rec && rec->fingerprint ? &*rec->fingerprint : nullptr,
+        request_fp, req.lease, now, sh.NextToken(), abandoned_retention_);
+    if (d.kind == core::BeginKind::kAcquired) {
+      sh.TakeToken();
+      if (rec == nullptr || !d.takeover) {
+        SeqRecord fresh;
+        fresh.head = d.next;
+        fresh.fingerprint = req.fingerprint;
+        rec = &session->records.insert_or_assign(req.seq, std::move(fresh)).first->second;
+      } else {
+        rec->head = d.next;
+      }
+      ticket = LogSeqRecord(*session, req.seq, *rec);
+      return ToAnswer(d, {});
+    }
+    return ToAnswer(d, rec != nullptr ? std::string_view(rec->response) : std::string_view());
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<WriteAnswer> MemoryStore::CompleteSequenced(const SequencedCompleteRequest& req) {
+  IDEM_RETURN_IF_ERROR(CheckClient(req.scope, req.client_id));
+  if (req.seq == 0) return InvalidArgumentError("sequence number 0: numbers start at 1");
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(req.scope, req.client_id);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&]() -> Result<WriteAnswer> {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const auto it = sh.sessions.find(key);
+    if (it == sh.sessions.end() || now >= it->second.head.expires) {
+      return UnknownSession(req.scope, req.client_id);
+    }
+    Session& session = it->second;
+    const auto rit = session.records.find(req.seq);
+    SeqRecord* rec = rit == session.records.end() ? nullptr : &rit->second;
+    const core::WriteDecision d = core::DecideComplete(rec ? &rec->head : nullptr, req.token,
+                                                       req.outcome, kUntilAcknowledged, now);
+    ticket = Seen();
+    if (d.answer == WriteAnswer::kApplied) {
+      rec->head = d.next;
+      rec->response.assign(req.response);
+      session.head.expires = now + session.head.ttl;
+      LogSeqRecord(session, req.seq, *rec);
+      ticket = LogSession(session);
+    }
+    return d.answer;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<WriteAnswer> MemoryStore::ReleaseSequenced(std::string_view scope,
+                                                  std::string_view client_id, std::uint64_t seq,
+                                                  Token token) {
+  IDEM_RETURN_IF_ERROR(CheckClient(scope, client_id));
+  if (seq == 0) return InvalidArgumentError("sequence number 0: numbers start at 1");
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(scope, client_id);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&]() -> Result<WriteAnswer> {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const auto it = sh.sessions.find(key);
+    if (it == sh.sessions.end() || now >= it->second.head.expires) {
+      return UnknownSession(scope, client_id);
+    }
+    Session& session = it->second;
+    const auto rit = session.records.find(seq);
+    const WriteAnswer a =
+        core::DecideRelease(rit == session.records.end() ? nullptr : &rit->second.head, token, now);
+    ticket = Seen();
+    if (a == WriteAnswer::kApplied) {
+      session.records.erase(rit);
+      session.head.expires = now + session.head.ttl;
+      LogRemoval(core::ChangeType::kSeqDelete, scope, client_id, seq);
+      ticket = LogSession(session);
+    }
+    return a;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<SessionInfo> MemoryStore::Acknowledge(std::string_view scope, std::string_view client_id,
+                                             std::uint64_t ack) {
+  IDEM_RETURN_IF_ERROR(CheckClient(scope, client_id));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(scope, client_id);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<SessionInfo> answer = [&]() -> Result<SessionInfo> {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const auto it = sh.sessions.find(key);
+    Session* session = it == sh.sessions.end() ? nullptr : &it->second;
+    // The machine's session gate with the first number above the new low water: it raises
+    // the low water, refreshes the expiry and says what to drop, exactly as an ack on a Begin
+    // does.
+    const std::uint64_t probe =
+        std::max(ack, session != nullptr ? session->head.low_water : std::uint64_t{0}) + 1;
+    const core::SessionDecision g =
+        core::DecideSequenced(session ? &session->head : nullptr, probe, ack, now);
+    if (g.gate == core::SessionGate::kUnknown) return UnknownSession(scope, client_id);
+    session->head = g.next;
+    DropThrough(*session, g.drop_through);
+    ticket = LogSession(*session);
+    return MakeSessionInfo(*session);
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+// ---- versioned entities ----
+
+Status MemoryStore::CheckEntity(std::string_view scope, std::string_view entity) const {
+  VersionedBeginRequest r;
+  r.scope = scope;
+  r.entity = entity;
+  r.version = 1;
+  return core::CheckVersioned(r, max_key_bytes_);
+}
+
+Result<BeginAnswer> MemoryStore::BeginVersioned(const VersionedBeginRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckVersioned(req, max_key_bytes_));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  std::string key = CompositeKey(req.scope, req.entity);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<BeginAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    auto it = sh.entities.find(key);
+    const core::VersionDecision d =
+        core::DecideVersioned(it == sh.entities.end() ? nullptr : &it->second.head, req.version,
+                              req.lease, now, sh.NextToken(), abandoned_retention_);
+    ticket = Seen();
+    switch (d.kind) {
+      case core::VersionKind::kAcquired:
+        sh.TakeToken();
+        if (it == sh.entities.end()) {
+          it = sh.entities.try_emplace(std::move(key)).first;
+          it->second.scope.assign(req.scope);
+          it->second.entity.assign(req.entity);
+        }
+        it->second.head = d.next;
+        ticket = LogEntity(it->second);
+        return BeginAnswer(Acquired{d.next.token, d.next.attempt, d.next.lease_deadline});
+      case core::VersionKind::kBusy:
+        return BeginAnswer(Busy{d.next.lease_deadline});
+      case core::VersionKind::kStale:
+        break;
+    }
+    return BeginAnswer(Stale{});
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<WriteAnswer> MemoryStore::CompleteVersioned(const VersionedCompleteRequest& req) {
+  IDEM_RETURN_IF_ERROR(CheckEntity(req.scope, req.entity));
+  IDEM_RETURN_IF_ERROR(core::CheckRetention(req.retention));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(req.scope, req.entity);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const auto it = sh.entities.find(key);
+    const core::EntityWrite w = core::DecideCompleteVersioned(
+        it == sh.entities.end() ? nullptr : &it->second.head, req.token, req.retention, now);
+    ticket = Seen();
+    if (w.answer == WriteAnswer::kApplied) {
+      it->second.head = w.next;
+      ticket = LogEntity(it->second);
+    }
+    return w.answer;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<WriteAnswer> MemoryStore::ReleaseVersioned(std::string_view scope, std::string_view entity,
+                                                  Token token) {
+  IDEM_RETURN_IF_ERROR(CheckEntity(scope, entity));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(scope, entity);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<WriteAnswer> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    const auto it = sh.entities.find(key);
+    const core::EntityWrite w = core::DecideReleaseVersioned(
+        it == sh.entities.end() ? nullptr : &it->second.head, token, now);
+    ticket = Seen();
+    if (w.answer == WriteAnswer::kApplied) {
+      it->second.head = w.next;
+      ticket = LogEntity(it->second);
+    }
+    return w.answer;
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+Result<std::optional<EntityVersion>> MemoryStore::GetVersion(std::string_view scope,
+                                                             std::string_view entity) {
+  IDEM_RETURN_IF_ERROR(CheckEntity(scope, entity));
+  IDEM_RETURN_IF_ERROR(Healthy());
+  const std::string key = CompositeKey(scope, entity);
+  Shard& sh = ShardFor(absl::HashOf(key));
+  const Timestamp now = clock_->Now();
+  std::uint64_t ticket = 0;
+  Result<std::optional<EntityVersion>> answer = [&] {
+    std::lock_guard<SpinLock> lock(sh.mu);
+    ticket = Seen();
+    const auto it = sh.entities.find(key);
+    if (it == sh.entities.end() || now >= it->second.head.expires) {
+      return std::optional<EntityVersion>();
+    }
+    const Entity& e = it->second;
+    EntityVersion v;
+    v.scope = e.scope;
+    v.entity = e.entity;
+    v.applied = e.head.applied;
+    if (e.head.in_progress != 0) v.in_progress = e.head.in_progress;
+    v.token = e.head.token;
+    v.attempt = e.head.attempt;
+    v.lease_deadline = e.head.lease_deadline;
+    v.expires = e.head.expires;
+    return std::optional<EntityVersion>(std::move(v));
+  }();
+  return Durable(std::move(answer), ticket);
+}
+
+// ---- the journal's side ----
+
+std::uint64_t MemoryStore::LogRecord(const Shard& sh, const Slot& s, std::string_view scope,
+                                     std::string_view key) {
+  if (journal_ == nullptr) return 0;
+  core::Change c;
+  c.type = core::ChangeType::kRecordPut;
+  c.scope = scope;
+  c.name = key;
+  c.record = sh.Head(s);
+  const BlobView blob = sh.Blob(s);
+  c.fingerprint = blob.fingerprint;
+  c.response = blob.response;
+  return journal_->Record(c);
+}
+
+std::uint64_t MemoryStore::LogRemoval(core::ChangeType type, std::string_view scope,
+                                      std::string_view name, std::uint64_t seq) {
+  if (journal_ == nullptr) return 0;
+  core::Change c;
+  c.type = type;
+  c.scope = scope;
+  c.name = name;
+  c.seq = seq;
+  return journal_->Record(c);
+}
+
+std::uint64_t MemoryStore::LogSession(const Session& s) {
+  if (journal_ == nullptr) return 0;
+  core::Change c;
+  c.type = core::ChangeType::kSessionPut;
+  c.scope = s.scope;
+  c.name = s.client_id;
+  c.session = s.head;
+  return journal_->Record(c);
+}
+
+std::uint64_t MemoryStore::LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r) {
+  if (journal_ == nullptr) return 0;
+  core::Change c;
+  c.type = core::ChangeType::kSeqPut;
+  c.scope = s.scope;
+  c.name = s.client_id;
+  c.seq = seq;
+  c.record = r.head;
+  c.fingerprint = r.fingerprint;
+  c.response = r.response;
+  return journal_->Record(c);
+}
+
+std::uint64_t MemoryStore::LogEntity(const Entity& e) {
+  if (journal_ == nullptr) return 0;
+  core::Change c;
+  c.type = core::ChangeType::kEntityPut;
+  c.scope = e.scope;
+  c.name = e.entity;
+  c.entity = e.head;
+  return journal_->Record(c);
+}
+
+Status MemoryStore::Apply(const core::Change& c) {
+  const Timestamp now = clock_->Now();
+  auto corrupt = [&](std::string_view what) {
+    return DataLossError("log entry for '" + std::string(c.name) + "' in scope '" +
+                         std::string(c.scope) + "': " + std::string(what));
+  };
+  switch (c.type) {
+    case core::ChangeType::kRecordPut:
+    case core::ChangeType::kRecordDelete: {
+      IDEM_RETURN_IF_ERROR(core::CheckRecordId(c.scope, c.name, kMaxStoredKeyBytes));
+      const RecordId id = MakeRecordId(c.scope, c.name);
+      Shard& sh = ShardFor(id.shard_hash);
+      std::lock_guard<SpinLock> lock(sh.mu);
+      std::uint32_t slot_id = sh.FindSlot(id, c.scope, c.name);
+      if (c.type == core::ChangeType::kRecordDelete || !core::IsLive(c.record, now)) {
+        if (slot_id != kNoSlot) sh.RemoveSlot(arena_, slot_id);
+        return OkStatus();
+      }
+      if ((c.record.token & ((Token{1} << sh.bits) - 1)) != sh.number || c.record.token == 0) {
+        return corrupt("token " + std::to_string(c.record.token) +
+                       " was not handed out by this store's shard for the key");
+      }
+      if (slot_id == kNoSlot) {
+        const Result<std::uint32_t> scope = sh.RefScope(c.scope, id.scope_hash);
+        if (!scope.has_value()) return scope.error();
+        const std::optional<std::uint32_t> new_id = sh.pool.Allocate(arena_);
+        if (!new_id) {
+          sh.UnrefScope(*scope);
+          return ResourceExhaustedError("the memory store is full");
+        }
+        slot_id = *new_id;
+        Slot& s = sh.slots[slot_id];
+        s.set_key(id.code);
+        s.set_scope_id(*scope);
+        sh.index.Insert(id.tag(), slot_id);
+      } else {
+        sh.CountOut(sh.slots[slot_id].state());
+      }
+      Slot& s = sh.slots[slot_id];
+      s.set_head(c.record, sh.bits);
+      ++(c.record.state == RecordState::kCompleted ? sh.completed : sh.in_progress);
+      const std::string_view long_key = id.code.IsLong() ? c.name : std::string_view();
+      if (!long_key.empty() || c.fingerprint || !c.response.empty() || s.blob() != 0) {
+        sh.SetBlob(s, long_key, c.fingerprint ? &*c.fingerprint : nullptr, c.response);
+      }
+      sh.token_seq = std::max(sh.token_seq, c.record.token >> sh.bits);
+      return OkStatus();
+    }
+    case core::ChangeType::kSessionPut:
+    case core::ChangeType::kSessionDelete:
+    case core::ChangeType::kSeqPut:
+    case core::ChangeType::kSeqDelete: {
+      std::string key = CompositeKey(c.scope, c.name);
+      Shard& sh = ShardFor(absl::HashOf(key));
+      std::lock_guard<SpinLock> lock(sh.mu);
+      auto it = sh.sessions.find(key);
+      if (c.type == core::ChangeType::kSessionDelete ||
+          (c.type == core::ChangeType::kSessionPut && now >= c.session.expires)) {
+        if (it != sh.sessions.end()) sh.sessions.erase(it);
+        return OkStatus();
+      }
+      if (c.type == core::ChangeType::kSessionPut) {
+        if (it == sh.sessions.end()) {
+          it = sh.sessions.try_emplace(std::move(key)).first;
+          it->second.scope.assign(c.scope);
+          it->second.client_id.assign(c.name);
+        }
+        it->second.head = c.session;
+        DropThrough(it->second, c.session.low_water);
+        return OkStatus();
+      }
+      // A sequenced record whose session expired before this replay went with it.
+      if (it == sh.sessions.end()) return OkStatus();
+      if (c.type == core::ChangeType::kSeqDelete) {
+        it->second.records.erase(c.seq);
+        return OkStatus();
+      }
+      SeqRecord r;
+      r.head = c.record;
+      r.fingerprint = c.fingerprint;
+      r.response.assign(c.response);
+      it->second.records.insert_or_assign(c.seq, std::move(r));
+      sh.token_seq = std::max(sh.token_seq, c.record.token >> sh.bits);
+      return OkStatus();
+    }
+    case core::ChangeType::kEntityPut:
+    case core::ChangeType::kEntityDelete: {
+      std::string key = CompositeKey(c.scope, c.name);
+      Shard& sh = ShardFor(absl::HashOf(key));
+      std::lock_guard<SpinLock> lock(sh.mu);
+      auto it = sh.entities.find(key);
+      if (c.type == core::ChangeType::kEntityDelete || now >= c.entity.expires) {
+        if (it != sh.entities.end()) sh.entities.erase(it);
+        return OkStatus();
+      }
+      if (it == sh.entities.end()) {
+        it = sh.entities.try_emplace(std::move(key)).first;
+        it->second.scope.assign(c.scope);
+        it->second.entity.assign(c.name);
+      }
+      it->second.head = c.entity;
+      sh.token_seq = std::max(sh.token_seq, c.entity.token >> sh.bits);
+      return OkStatus();
+    }
+    case core::ChangeType::kTokenFloor:
+      RaiseTokenFloor(c.token_floor);
+      return OkStatus();
+  }
+  return corrupt("unknown change type");
+}
+
+void MemoryStore::RaiseTokenFloor(std::uint64_t floor) {
+  for (std::size_t i = 0; i < shard_count_; ++i) {
+    Shard& sh = shards_[i];
+    std::lock_guard<SpinLock> lock(sh.mu);
+    // NextToken() is ((token_seq + 1) << bits) | number, which is then above the floor.
+    sh.token_seq = std::max(sh.token_seq, floor >> bits_);
+  }
+}
+
+std::uint64_t MemoryStore::MaxToken() {
+  std::uint64_t max = 0;
+  for (std::size_t i = 0; i < shard_count_; ++i) {
+    Shard& sh = shards_[i];
+    std::lock_guard<SpinLock> lock(sh.mu);
+    max = std::max(max, (sh.token_seq << bits_) | sh.number);
+  }
+  return max;
+}
+
+Status MemoryStore::Snapshot(const std::function<Status(const core::Change&)>& sink) {
+  const Timestamp now = clock_->Now();
+  std::vector<Record> records;
+  std::vector<Session> sessions;
+  std::vector<Entity> entities;
+  for (std::size_t i = 0; i < shard_count_; ++i) {
+    Shard& sh = shards_[i];
+    // Slots never move, so a slice at a time sees every record that stays; one made or
+    // changed meanwhile is in the journal after the snapshot's point anyway.
+    for (std::size_t from = 0; from != SlotPool::kEnd;) {
+      records.clear();
+      {
+        std::lock_guard<SpinLock> lock(sh.mu);
+        from = sh.pool.ForEach(from, kReapSlice, [&](std::uint32_t id) {
+          const Slot& s = sh.slots[id];
+          if (s.used() && core::IsLive(sh.Head(s), now)) records.push_back(sh.ToRecord(s));
+        });
+      }
+      for (const Record& r : records) {
+        core::Change c;
+        c.type = core::ChangeType::kRecordPut;
+        c.scope = r.scope;
+        c.name = r.key;
+        c.record = {r.state, r.outcome, r.token, r.attempt, r.created, r.lease_deadline, r.expires};
+        c.fingerprint = r.fingerprint;
+        c.response = r.response;
+        IDEM_RETURN_IF_ERROR(sink(c));
+      }
+    }
+    sessions.clear();
+    entities.clear();
+    {
+      std::lock_guard<SpinLock> lock(sh.mu);
+      for (const auto& [k, s] : sh.sessions) {
+        if (now < s.head.expires) sessions.push_back(s);
+      }
+      for (const auto& [k, e] : sh.entities) {
+        if (now < e.head.expires) entities.push_back(e);
+      }
+    }
+    for (const Session& s : sessions) {
+      core::Change c;
+      c.type = core::ChangeType::kSessionPut;
+      c.scope = s.scope;
+      c.name = s.client_id;
+      c.session = s.head;
+      IDEM_RETURN_IF_ERROR(sink(c));
+      for (const auto& [seq, r] : s.records) {
+        core::Change q;
+        q.type = core::ChangeType::kSeqPut;
+        q.scope = s.scope;
+        q.name = s.client_id;
+        q.seq = seq;
+        q.record = r.head;
+        q.fingerprint = r.fingerprint;
+        q.response = r.response;
+        IDEM_RETURN_IF_ERROR(sink(q));
+      }
+    }
+    for (const Entity& e : entities) {
+      core::Change c;
+      c.type = core::ChangeType::kEntityPut;
+      c.scope = e.scope;
+      c.name = e.entity;
+      c.entity = e.head;
+      IDEM_RETURN_IF_ERROR(sink(c));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options) {
+  return std::make_unique<MemoryStore>(options, nullptr);
+}
+
+namespace memory_internal {
+std::unique_ptr<Engine> Engine::Create(const MemoryStoreOptions& options, core::Journal* journal) {
+  return std::make_unique<MemoryStore>(options, journal);
+}
+}  // namespace memory_internal
+
+}  // namespace idem

@@ -1,0 +1,82 @@
+// SlotIndex: one shard's hash index from a record's 32-bit hash tag to its pool slot.
+//
+// Open addressing with linear probing over 8-byte entries {tag, slot + 1} (0 = empty), at most
+// 80% full, power-of-two capacity. The tag chooses the home position, so growing rehashes from
+// the entries alone and never reads a record. Erase shifts later entries back (no tombstones).
+//
+// Not thread-safe: the shard lock guards every call except Prefetch.
+#ifndef IDEM_STORES_MEMORY_SLOT_INDEX_H_
+#define IDEM_STORES_MEMORY_SLOT_INDEX_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace idem::memory_internal {
+
+inline constexpr std::uint32_t kNoSlot = 0xFFFFFFFF;
+
+class SlotIndex {
+ public:
+  SlotIndex();
+  ~SlotIndex();
+  SlotIndex(const SlotIndex&) = delete;
+  SlotIndex& operator=(const SlotIndex&) = delete;
+
+  // The slot whose tag is `tag` and for which eq(slot) holds, or kNoSlot.
+  template <typename Eq>
+  std::uint32_t Find(std::uint32_t tag, Eq eq) const {
+    for (std::uint32_t i = tag & mask_;; i = (i + 1) & mask_) {
+      const std::uint64_t e = entries_[i];
+      if (e == 0) return kNoSlot;
+      if (static_cast<std::uint32_t>(e >> 32) == tag) {
+        const auto slot = static_cast<std::uint32_t>(e) - 1;
+        if (eq(slot)) return slot;
+      }
+    }
+  }
+
+  // The first slot whose tag is `tag`, or kNoSlot: a guess to prefetch, not an answer.
+  std::uint32_t FirstWithTag(std::uint32_t tag) const {
+    for (std::uint32_t i = tag & mask_;; i = (i + 1) & mask_) {
+      const std::uint64_t e = entries_[i];
+      if (e == 0) return kNoSlot;
+      if (static_cast<std::uint32_t>(e >> 32) == tag) return static_cast<std::uint32_t>(e) - 1;
+    }
+  }
+
+  // Adds an entry; no entry for the same record may exist.
+  void Insert(std::uint32_t tag, std::uint32_t slot);
+  // Removes the entry {tag, slot}; it must exist.
+  void Erase(std::uint32_t tag, std::uint32_t slot);
+
+  // Starts loading the cache line `tag` probes first. Safe without the shard lock: it reads
+  // only atomics, and a prefetch of a stale address is harmless.
+  void Prefetch(std::uint32_t tag) const {
+    // One atomic holds the table address and log2 of its capacity (tables are 64-byte
+    // aligned), so the two always match.
+    const std::uintptr_t v = prefetch_.load(std::memory_order_relaxed);
+    const std::uintptr_t mask = (std::uintptr_t{1} << (v & 63)) - 1;
+    __builtin_prefetch(reinterpret_cast<const void*>((v & ~std::uintptr_t{63}) +
+                                                     (tag & mask) * sizeof(std::uint64_t)));
+  }
+
+  std::size_t size() const { return size_; }
+  std::size_t bytes() const { return (std::size_t{mask_} + 1) * sizeof(std::uint64_t); }
+
+ private:
+  void Grow();
+  void Place(std::uint64_t entry);
+
+  void Publish();
+
+  std::uint64_t* entries_;
+  std::uint32_t mask_;
+  std::uint32_t size_ = 0;
+  // entries_ | log2(capacity), for Prefetch, which runs outside the lock.
+  std::atomic<std::uintptr_t> prefetch_;
+};
+
+}  // namespace idem::memory_internal
+
+#endif  // IDEM_STORES_MEMORY_SLOT_INDEX_H_

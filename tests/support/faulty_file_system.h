@@ -1,0 +1,62 @@
+// FaultyFileSystem: the log store's file layer over the real disk, with injected faults:
+// a full disk after a byte budget, I/O errors on write or sync, and a simulated power failure
+// that drops every byte not yet fdatasync'ed.
+#ifndef IDEM_TESTS_SUPPORT_FAULTY_FILE_SYSTEM_H_
+#define IDEM_TESTS_SUPPORT_FAULTY_FILE_SYSTEM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "stores/log/file_system.h"
+
+namespace idem::testing {
+
+class FaultyFileSystem final : public log::FileSystem {
+ public:
+  explicit FaultyFileSystem(log::FileSystem& real = log::FileSystem::Posix()) : real_(real) {}
+
+  // Appends fail with ENOSPC (kResourceExhausted) once `bytes` more bytes were appended.
+  void FailAppendsAfter(std::uint64_t bytes) {
+    append_budget_.store(static_cast<std::int64_t>(bytes));
+  }
+  // Syncs fail with EIO (kDataLoss).
+  void FailSyncs(bool on) { fail_syncs_.store(on); }
+  // Power failure: every file is cut back to what was last synced, and every later write or
+  // sync through this file system fails.
+  void PowerFail();
+  std::uint64_t syncs() const { return syncs_.load(); }
+
+  Status CreateDir(const std::string& path) override { return real_.CreateDir(path); }
+  Result<std::unique_ptr<log::DirLock>> Lock(const std::string& path) override {
+    return real_.Lock(path);
+  }
+  Result<std::vector<std::string>> List(const std::string& dir) override { return real_.List(dir); }
+  Result<std::unique_ptr<log::ReadableFile>> Read(const std::string& path) override {
+    return real_.Read(path);
+  }
+  Result<std::unique_ptr<log::WritableFile>> Append(const std::string& path) override;
+  Status Truncate(const std::string& path, std::uint64_t size) override {
+    return real_.Truncate(path, size);
+  }
+  Status Rename(const std::string& from, const std::string& to) override;
+  Status Remove(const std::string& path) override { return real_.Remove(path); }
+  Status SyncDir(const std::string& dir) override { return real_.SyncDir(dir); }
+  bool Exists(const std::string& path) override { return real_.Exists(path); }
+
+ private:
+  friend class FaultyFile;
+  log::FileSystem& real_;
+  std::atomic<std::int64_t> append_budget_{INT64_MAX};
+  std::atomic<bool> fail_syncs_{false};
+  std::atomic<bool> dead_{false};
+  std::atomic<std::uint64_t> syncs_{0};
+  std::mutex mu_;
+  std::map<std::string, std::uint64_t> synced_;  // path -> bytes known durable
+};
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TESTS_SUPPORT_FAULTY_FILE_SYSTEM_H_
