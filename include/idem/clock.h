@@ -18,7 +18,8 @@ class Clock {
   // so a fake clock can advance time instead of sleeping.
   virtual void SleepFor(std::chrono::milliseconds d) const = 0;
 
-  // The process-wide system clock. Thread-safe.
+  // The process-wide system clock: wall-clock time at the kernel tick's resolution (a few
+  // milliseconds; leases and retention should be much longer than that). Thread-safe.
   static Clock& System();
 };
 

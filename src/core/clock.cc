@@ -1,5 +1,7 @@
 #include "idem/clock.h"
 
+#include <time.h>
+
 #include <thread>
 
 namespace idem {
@@ -7,9 +9,14 @@ namespace {
 
 class SystemClock final : public Clock {
  public:
+  // CLOCK_REALTIME_COARSE: the kernel's last tick (a few ms of resolution), read without the
+  // serialising TSC read that CLOCK_REALTIME needs. Leases and retention are seconds, so a tick
+  // of error does not matter, and a store's hot path keeps its cache misses overlapping.
   Timestamp Now() const override {
-    return std::chrono::time_point_cast<std::chrono::milliseconds>(
-        std::chrono::system_clock::now());
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return Timestamp(std::chrono::milliseconds(static_cast<std::int64_t>(ts.tv_sec) * 1000 +
+                                               ts.tv_nsec / 1'000'000));
   }
   void SleepFor(std::chrono::milliseconds d) const override { std::this_thread::sleep_for(d); }
 };
