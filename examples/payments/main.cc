@@ -1,10 +1,13 @@
-// An at-least-once payment stream through idem's receiver on the memory store.
+// An at-least-once payment stream through idem's receiver on the embedded log store (the
+// default; `--store memory:` for the memory store).
 //
 // A "broker" delivers every payment at least once: producers publish some payments twice,
 // consumers crash after storing an outcome but before acknowledging (so the broker redelivers),
 // and some consumers crash in the middle of a handler before charging (so the key's lease runs
 // out and another consumer takes over). The ledger counts how often each payment was applied.
 // The program prints what happened and exits 1 unless every payment was applied exactly once.
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +23,7 @@
 
 #include "idem/metrics.h"
 #include "idem/receiver.h"
+#include "idem/stores/log.h"
 #include "idem/stores/memory.h"
 
 namespace {
@@ -77,26 +81,53 @@ class Broker {
   std::uint64_t in_flight_ = 0;
 };
 
-int Flag(int argc, char** argv, std::string_view name, int fallback) {
+std::string Flag(int argc, char** argv, std::string_view name, std::string fallback) {
   for (int i = 1; i + 1 < argc; ++i) {
-    if (name == argv[i]) return std::atoi(argv[i + 1]);
+    if (name == argv[i]) return argv[i + 1];
   }
   return fallback;
+}
+
+// "memory:" or "log:DIR[?sync=...]".
+idem::Result<std::unique_ptr<idem::Store>> OpenStore(const std::string& url) {
+  if (url == "memory:") return idem::NewMemoryStore();
+  auto options = idem::ParseLogStoreUrl(url);
+  if (!options) return options.error();
+  return idem::OpenLogStore(*options);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int payments = Flag(argc, argv, "--payments", 10000);
-  const int consumers = Flag(argc, argv, "--consumers", 4);
+  const int payments = std::atoi(Flag(argc, argv, "--payments", "10000").c_str());
+  const int consumers = std::atoi(Flag(argc, argv, "--consumers", "4").c_str());
+  // By default a fresh log store in a new temporary directory, so every run starts empty.
+  std::string url = Flag(argc, argv, "--store", "");
+  if (url.empty()) {
+    char dir[] = "/tmp/idem-payments-XXXXXX";
+    if (::mkdtemp(dir) == nullptr) {
+      std::perror("mkdtemp");
+      return 2;
+    }
+    url = std::string("log:") + dir;
+  }
   using std::chrono::milliseconds;
 
-  auto store = idem::NewMemoryStore();
+  auto opened = OpenStore(url);
+  if (!opened) {
+    std::fprintf(stderr, "cannot open store %s: %s\n", url.c_str(),
+                 opened.error().ToString().c_str());
+    return 2;
+  }
+  std::unique_ptr<idem::Store> store = std::move(*opened);
+  std::printf("store:                         %s\n", url.c_str());
   idem::Registry registry;
   idem::Metrics metrics(registry, "payments");
   idem::ReceiverOptions options;
   options.scope = "payments";
-  options.lease = milliseconds(20);  // short, so crashed consumers are taken over quickly
+  // Short, so crashed consumers are taken over quickly, but well above a handler's time plus
+  // a durable store's sync: a live consumer must never lose its lease (see docs/semantics.md).
+  options.lease = milliseconds(std::atoi(Flag(argc, argv, "--lease-ms", "250").c_str()));
   options.fingerprint = idem::FingerprintMode::kJson;
   options.metrics = &metrics;
   idem::Receiver receiver(*store, options);
