@@ -52,22 +52,17 @@ Result<std::unique_ptr<LogWriter>> LogWriter::Open(FileSystem& fs, std::string d
   std::unique_ptr<LogWriter> w(new LogWriter(fs, std::move(dir), options));
   w->next_seq_ = next_seq;
   IDEM_RETURN_IF_ERROR(w->OpenSegment(segment_id));
-  if (options.sync == SyncMode::kInterval)
-    w->syncer_ = std::thread([p = w.get()] { p->SyncLoop(); });
+  w->flusher_ = std::thread([p = w.get()] { p->FlusherLoop(); });
   return w;
 }
 
 LogWriter::~LogWriter() {
   {
-    std::unique_lock lock(mu_);
+    std::lock_guard lock(mu_);
     stop_ = true;
-    // Push out whatever is pending so a clean close loses nothing.
-    while (flushing_now_) cv_.wait(lock);
-    if (failed_.ok() && !pending_.empty()) (void)FlushLocked(lock);
-    if (failed_.ok() && file_ != nullptr && options_.sync != SyncMode::kNone) (void)file_->Sync();
   }
-  cv_.notify_all();
-  if (syncer_.joinable()) syncer_.join();
+  work_cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();
 }
 
 Status LogWriter::OpenSegment(std::uint64_t id) {
@@ -79,23 +74,36 @@ Status LogWriter::OpenSegment(std::uint64_t id) {
     IDEM_RETURN_IF_ERROR((*file)->Sync());
   }
   file_ = std::move(*file);
-  segment_id_ = id;
+  segment_id_.store(id, std::memory_order_relaxed);
   return OkStatus();
+}
+
+void LogWriter::Fail(const Status& s) {
+  if (failed_.ok()) {
+    failed_ = LogFailure(s);
+    failed_flag_.store(true, std::memory_order_release);
+  }
+  done_cv_[0].notify_all();
+  done_cv_[1].notify_all();
+  space_cv_.notify_all();
+  rotate_cv_.notify_all();
 }
 
 std::uint64_t LogWriter::Append(const Entry& e) {
   thread_local std::string scratch;
   scratch.clear();
   EncodeEntry(e, &scratch);
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  while (pending_.size() >= options_.max_pending_bytes && failed_.ok() && !stop_) {
+    space_cv_.wait(lock);
+  }
   pending_.Add(static_cast<std::uint8_t>(e.type), scratch);
-  if (pending_ticket_ == 0) pending_ticket_ = next_ticket_++;
+  if (pending_ticket_ == 0) {
+    pending_ticket_ = next_ticket_++;
+    last_ticket_.store(pending_ticket_, std::memory_order_release);
+    work_cv_.notify_one();
+  }
   return pending_ticket_;
-}
-
-std::uint64_t LogWriter::LastTicket() const {
-  std::lock_guard lock(mu_);
-  return next_ticket_ - 1;
 }
 
 Status LogWriter::health() const {
@@ -105,97 +113,119 @@ Status LogWriter::health() const {
 }
 
 Status LogWriter::Wait(std::uint64_t ticket) {
+  if (options_.sync == SyncMode::kNone) return health();
+  if (durable_.load(std::memory_order_acquire) >= ticket) return health();
   std::unique_lock lock(mu_);
-  for (;;) {
-    if (!failed_.ok()) return failed_;
-    if (durable_ >= ticket) return OkStatus();
-    if (!flushing_now_ && !pending_.empty()) {
-      (void)FlushLocked(lock);
-      continue;
-    }
-    cv_.wait(lock);
-  }
+  done_cv_[ticket & 1].wait(
+      lock, [&] { return !failed_.ok() || durable_.load(std::memory_order_relaxed) >= ticket; });
+  return failed_;
 }
 
-// Precondition: mu_ held, no flush running, pending_ not empty. Writes (and syncs, per mode)
-// the pending batch with the lock released, so appends go on into the next batch.
-Status LogWriter::FlushLocked(std::unique_lock<std::mutex>& lock) {
-  flushing_now_ = true;
-  std::swap(pending_, flushing_);
-  const std::uint64_t ticket = pending_ticket_;
-  pending_ticket_ = 0;
-  const std::uint64_t seq = next_seq_++;
-  lock.unlock();
+void LogWriter::FlusherLoop() {
+  using SteadyClock = std::chrono::steady_clock;
+  auto next_sync = SteadyClock::now() + options_.sync_interval;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    auto has_work = [&] {
+      return stop_ || pending_ticket_ != 0 ||
+             (rotate_wanted_ && durable_.load(std::memory_order_relaxed) >= rotate_after_);
+    };
+    if (options_.sync == SyncMode::kInterval && dirty_) {
+      work_cv_.wait_until(lock, next_sync, has_work);
+    } else {
+      work_cv_.wait(lock, has_work);
+    }
+    if (!failed_.ok()) {
+      if (stop_) return;
+      // Nothing more can be written; drop what callers keep appending.
+      pending_.Clear();
+      pending_ticket_ = 0;
+      continue;
+    }
+    Status s;
+    if (pending_ticket_ != 0) {
+      std::swap(pending_, flushing_);
+      const std::uint64_t ticket = pending_ticket_;
+      pending_ticket_ = 0;
+      const std::uint64_t seq = next_seq_++;
+      space_cv_.notify_all();
+      lock.unlock();
 
-  std::string_view data = flushing_.Finish(seq);
-  Status s = file_->Append(data);
-  if (s.ok() && options_.sync == SyncMode::kAlways) {
-    s = file_->Sync();
-    syncs_.fetch_add(1, std::memory_order_relaxed);
-  }
-  bytes_written_.fetch_add(data.size(), std::memory_order_relaxed);
-  batches_.fetch_add(1, std::memory_order_relaxed);
-  flushing_.Clear();
-  if (s.ok() && file_->Size() >= options_.segment_bytes) {
-    if (options_.sync != SyncMode::kNone) s = file_->Sync();
-    if (s.ok()) s = OpenSegment(segment_id_ + 1);
-  }
+      std::string_view data = flushing_.Finish(seq);
+      s = file_->Append(data);
+      if (s.ok() && options_.sync == SyncMode::kAlways) {
+        s = file_->Sync();
+        syncs_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        dirty_ = true;
+      }
+      bytes_written_.fetch_add(data.size(), std::memory_order_relaxed);
+      batches_.fetch_add(1, std::memory_order_relaxed);
+      flushing_.Clear();
+      if (s.ok() && file_->Size() >= options_.segment_bytes) {
+        if (options_.sync != SyncMode::kNone) s = file_->Sync();
+        if (s.ok()) s = OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
+        dirty_ = false;
+      }
 
-  lock.lock();
-  flushing_now_ = false;
-  if (s.ok()) {
-    durable_ = ticket;
-    dirty_ = true;
-  } else if (failed_.ok()) {
-    failed_ = LogFailure(s);
-    failed_flag_.store(true, std::memory_order_release);
+      lock.lock();
+      if (!s.ok()) {
+        Fail(s);
+        continue;
+      }
+      durable_.store(ticket, std::memory_order_release);
+      done_cv_[ticket & 1].notify_all();
+    }
+    if (options_.sync == SyncMode::kInterval && dirty_ && SteadyClock::now() >= next_sync) {
+      lock.unlock();
+      s = file_->Sync();
+      syncs_.fetch_add(1, std::memory_order_relaxed);
+      dirty_ = false;
+      next_sync = SteadyClock::now() + options_.sync_interval;
+      lock.lock();
+      if (!s.ok()) {
+        Fail(s);
+        continue;
+      }
+    }
+    if (rotate_wanted_ && durable_.load(std::memory_order_relaxed) >= rotate_after_) {
+      lock.unlock();
+      s = options_.sync != SyncMode::kNone ? file_->Sync() : OkStatus();
+      if (s.ok()) s = OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
+      dirty_ = false;
+      lock.lock();
+      rotate_wanted_ = false;
+      ++rotations_;
+      if (!s.ok()) Fail(s);
+      rotate_cv_.notify_all();
+    }
+    if (stop_ && pending_ticket_ == 0) {
+      if (dirty_ && options_.sync != SyncMode::kNone && failed_.ok()) {
+        lock.unlock();
+        (void)file_->Sync();
+        lock.lock();
+      }
+      return;
+    }
   }
-  cv_.notify_all();
-  return failed_;
 }
 
 Result<std::uint64_t> LogWriter::Rotate() {
   std::unique_lock lock(mu_);
-  while (flushing_now_) cv_.wait(lock);
   if (!failed_.ok()) return failed_;
-  if (!pending_.empty()) IDEM_RETURN_IF_ERROR(FlushLocked(lock));
-  while (flushing_now_) cv_.wait(lock);
-  std::uint64_t closed = segment_id_;
-  Status s = options_.sync != SyncMode::kNone ? file_->Sync() : OkStatus();
-  if (s.ok()) s = OpenSegment(segment_id_ + 1);
-  if (!s.ok()) {
-    failed_ = LogFailure(s);
-    failed_flag_.store(true, std::memory_order_release);
-    cv_.notify_all();
-    return failed_;
-  }
-  return closed;
+  const std::uint64_t rotations = rotations_;
+  rotate_wanted_ = true;
+  rotate_after_ = next_ticket_ - 1;
+  work_cv_.notify_one();
+  rotate_cv_.wait(lock, [&] { return !failed_.ok() || rotations_ != rotations; });
+  if (!failed_.ok()) return failed_;
+  // Everything appended before the call is in the segments before the active one (a size
+  // based rotation may have happened meanwhile too).
+  return segment_id_.load(std::memory_order_relaxed) - 1;
 }
 
 std::uint64_t LogWriter::active_segment() const {
-  std::lock_guard lock(mu_);
-  return segment_id_;
-}
-
-void LogWriter::SyncLoop() {
-  std::unique_lock lock(mu_);
-  while (!stop_) {
-    cv_.wait_for(lock, options_.sync_interval);
-    if (stop_ || !dirty_ || flushing_now_ || !failed_.ok()) continue;
-    // Hold off flushers while syncing: the file must not be swapped under us.
-    flushing_now_ = true;
-    dirty_ = false;
-    lock.unlock();
-    Status s = file_->Sync();
-    syncs_.fetch_add(1, std::memory_order_relaxed);
-    lock.lock();
-    flushing_now_ = false;
-    if (!s.ok() && failed_.ok()) {
-      failed_ = LogFailure(s);
-      failed_flag_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-  }
+  return segment_id_.load(std::memory_order_relaxed);
 }
 
 }  // namespace idem::log

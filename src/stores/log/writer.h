@@ -1,13 +1,17 @@
 // LogWriter: appends entries to the active segment with group commit.
 //
-// Callers Append() (cheap: encodes into the pending batch under a mutex) and get a ticket;
-// Wait(ticket) returns when the batch holding it is written (sync=none), written and — per
-// mode — fdatasync'ed. Whoever waits while no flush runs becomes the flusher for everything
-// pending, so N concurrent callers share one write() and one fdatasync.
+// Callers Append() (cheap: encodes into the pending batch under a mutex) and get a ticket.
+// One flusher thread takes whatever is pending as one batch, writes it with one write() and,
+// under sync=always, one fdatasync, while the next batch fills up: N concurrent callers share
+// one sync. Wait(ticket) returns when the batch holding the ticket is
+//   always:   written and fdatasync'ed;
+//   interval: written (the flusher fdatasyncs every sync_interval);
+//   none:     at once (the flusher writes in the background, within about a millisecond;
+//             a process crash loses what was not yet written).
 //
-// A write or sync error is sticky: every later Wait and Append fails (kUnavailable for a full
-// disk, kDataLoss for an I/O error) until the store is reopened, because what is on disk after
-// a failed write or fsync is unknown, and the in-memory state may be ahead of it.
+// A write or sync error is sticky: every later Wait fails (kUnavailable for a full disk,
+// kDataLoss for an I/O error) until the store is reopened, because what is on disk after a
+// failed write or fsync is unknown, and the in-memory state may be ahead of it.
 #ifndef IDEM_STORES_LOG_WRITER_H_
 #define IDEM_STORES_LOG_WRITER_H_
 
@@ -19,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "idem/stores/log.h"
 #include "stores/log/batch.h"
@@ -32,7 +37,8 @@ using idem::SyncMode;
 struct WriterOptions {
   SyncMode sync = SyncMode::kAlways;
   std::chrono::milliseconds sync_interval{100};
-  std::uint64_t segment_bytes = 64u << 20;  // start a new segment past this size
+  std::uint64_t segment_bytes = 64u << 20;    // start a new segment past this size
+  std::size_t max_pending_bytes = 16u << 20;  // Append blocks past this (backpressure)
 };
 
 class LogWriter {
@@ -42,24 +48,23 @@ class LogWriter {
   static Result<std::unique_ptr<LogWriter>> Open(FileSystem& fs, std::string dir,
                                                  std::uint64_t segment_id, std::uint64_t next_seq,
                                                  WriterOptions options);
+  // Writes (and syncs, unless sync=none) what is pending, then stops the flusher.
   ~LogWriter();
 
-  // Adds `e` to the pending batch. Thread-safe; never blocks on I/O.
+  // Adds `e` to the pending batch and returns its ticket. Thread-safe; blocks only when
+  // max_pending_bytes are waiting to be written.
   std::uint64_t Append(const Entry& e);
   // The ticket of the newest entry appended so far (0: none): a read-only answer waits for it,
-  // so it never reports state that is not yet durable.
-  std::uint64_t LastTicket() const;
+  // so it never reports state that is not yet durable. Lock-free.
+  std::uint64_t LastTicket() const { return last_ticket_.load(std::memory_order_acquire); }
   // Blocks until `ticket` is durable per the sync mode, or the log failed.
   Status Wait(std::uint64_t ticket);
-  Status Append(const Entry& e, bool wait) {
-    std::uint64_t t = Append(e);
-    return wait ? Wait(t) : OkStatus();
-  }
-  // Non-ok once a write or sync failed.
+  // Non-ok once a write or sync failed. Lock-free while healthy.
   Status health() const;
 
-  // Closes the active segment and starts `dir/<segment_id+1>.log`; returns the id of the
-  // segment that was closed. Everything appended before the call is in that segment or older.
+  // Everything appended before the call goes to the active segment, which is then closed
+  // (and synced, unless sync=none); later entries go to the next one. Returns the closed
+  // segment's id.
   Result<std::uint64_t> Rotate();
   std::uint64_t active_segment() const;
   // Bytes written to segment files by this writer (for compaction decisions).
@@ -69,36 +74,42 @@ class LogWriter {
 
  private:
   LogWriter(FileSystem& fs, std::string dir, WriterOptions options);
-  Status FlushLocked(std::unique_lock<std::mutex>& lock);
   Status OpenSegment(std::uint64_t id);
-  void SyncLoop();
+  void FlusherLoop();
+  void Fail(const Status& s);  // mu_ held
 
   FileSystem& fs_;
   const std::string dir_;
   const WriterOptions options_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable work_cv_;     // the flusher waits for work
+  std::condition_variable space_cv_;    // appenders wait for room
+  std::condition_variable done_cv_[2];  // waiters of ticket t wait on done_cv_[t & 1]
+  std::condition_variable rotate_cv_;
   BatchBuilder pending_;              // guarded by mu_
-  BatchBuilder flushing_;             // owned by the flusher
-  std::uint64_t next_ticket_ = 1;     // ticket of the next entry; entries of one batch share it
   std::uint64_t pending_ticket_ = 0;  // ticket of the pending batch (0: empty)
-  std::uint64_t durable_ = 0;         // every ticket <= durable_ is written (and synced per mode)
+  std::uint64_t next_ticket_ = 1;
+  std::atomic<std::uint64_t> last_ticket_{0};
+  std::atomic<std::uint64_t> durable_{0};  // written under mu_; every ticket <= it is durable
   std::uint64_t next_seq_ = 1;
-  bool flushing_now_ = false;
+  bool stop_ = false;
+  bool rotate_wanted_ = false;
+  std::uint64_t rotate_after_ = 0;  // rotate once this ticket is durable
+  std::uint64_t rotations_ = 0;
   Status failed_;
   std::atomic<bool> failed_flag_{false};  // failed_ is set: lets health() skip the lock
+
+  // Owned by the flusher thread (and by Open/the destructor when it does not run).
   std::unique_ptr<WritableFile> file_;
-  std::uint64_t segment_id_ = 0;
+  std::atomic<std::uint64_t> segment_id_{0};
+  BatchBuilder flushing_;
+  bool dirty_ = false;  // written since the last sync
 
   std::atomic<std::uint64_t> bytes_written_{0};
   std::atomic<std::uint64_t> syncs_{0};
   std::atomic<std::uint64_t> batches_{0};
-
-  // sync=interval: a thread that fdatasyncs every interval.
-  bool stop_ = false;
-  bool dirty_ = false;
-  std::thread syncer_;
+  std::thread flusher_;
 };
 
 // "always", "none" or "interval:<ms>".

@@ -128,7 +128,7 @@ std::uint64_t FixedHash(std::string_view s, std::uint64_t h) {
     n -= 16;
   }
   std::uint64_t a = 0, b = 0;
-  std::memcpy(&a, p, std::min<std::size_t>(n, 8));
+  if (n > 0) std::memcpy(&a, p, std::min<std::size_t>(n, 8));  // p may be null when n == 0
   if (n > 8) std::memcpy(&b, p + 8, n - 8);
   return Mix(a ^ h ^ k1, b ^ k0 ^ s.size());
 }

@@ -1,0 +1,153 @@
+// idem store verify|repair: checking and salvaging a log store's directory.
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <string>
+#include <system_error>
+
+#include "cli/command.h"
+#include "cli/format.h"
+#include "cli/progress.h"
+#include "idem/stores/log.h"
+
+namespace idem::cli {
+namespace {
+
+// DIR, or the directory of a log: store URL.
+Result<std::string> StoreDir(std::string_view arg) {
+  if (arg.substr(0, 4) == "log:") {
+    auto options = ParseLogStoreUrl(arg);
+    if (!options) return options.error();
+    return options->dir;
+  }
+  if (arg.empty()) return InvalidArgumentError("DIR is empty");
+  return std::string(arg);
+}
+
+// The names of DIR's repair-backup-* directories.
+std::set<std::string> RepairBackups(const std::string& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("repair-backup-", 0) == 0 && entry.is_directory(ec)) out.insert(name);
+  }
+  return out;
+}
+
+int RunVerify(const Command& self, const Args& args) {
+  auto dir = StoreDir(args.positional()[0]);
+  if (!dir) return UsageError(self, dir.error().message());
+  ProgressLine progress("verifying");
+  auto report = VerifyLogStore(*dir, progress.callback());
+  progress.Clear();
+  if (!report) return Failure(self, report.error().ToString());
+  std::cout << "files      " << report->files << "\n"
+            << "bytes      " << report->bytes << " (" << FormatSize(report->bytes) << ")\n"
+            << "batches    " << report->batches << "\n"
+            << "entries    " << report->entries << "\n";
+  if (report->torn_tail) {
+    std::cout << "torn tail  yes: the last batch was cut short by a crash mid-write; opening "
+                 "the store cuts it off\n";
+  } else {
+    std::cout << "torn tail  no\n";
+  }
+  for (const std::string& d : report->damage) std::cout << "damage     " << d << "\n";
+  if (report->files == 0) std::cerr << "idem store verify: " << *dir << " holds no log files\n";
+  if (!report->ok()) {
+    std::cout << "result     damaged\n";
+    return Failure(self, *dir + " is damaged in " + std::to_string(report->damage.size()) +
+                             " place(s); the store will not open. Stop its server, then run "
+                             "'idem store repair " +
+                             *dir + "'");
+  }
+  std::cout << (report->torn_tail ? "result     ok (a torn tail alone is ok)\n"
+                                  : "result     ok\n");
+  return kExitOk;
+}
+
+int RunRepair(const Command& self, const Args& args) {
+  auto dir = StoreDir(args.positional()[0]);
+  if (!dir) return UsageError(self, dir.error().message());
+  const std::set<std::string> backups_before = RepairBackups(*dir);
+  ProgressLine progress("repairing");
+  auto report = RepairLogStore(*dir, progress.callback());
+  progress.Clear();
+  if (!report) return Failure(self, report.error().ToString());
+  std::cout << "entries kept   " << report->entries_kept << "\n"
+            << "bytes dropped  " << report->bytes_dropped << "\n";
+  for (const std::string& d : report->dropped) std::cout << "dropped        " << d << "\n";
+  // RepairLogStore names its backup by the time; find it as the directory that is new, or,
+  // if a repair in the same second reused it, the newest.
+  const std::set<std::string> backups = RepairBackups(*dir);
+  std::string backup;
+  for (const std::string& b : backups) {
+    if (!backups_before.contains(b)) backup = b;
+  }
+  if (backup.empty() && !backups.empty()) {
+    backup = *std::max_element(backups.begin(), backups.end(), [](const auto& a, const auto& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    });
+  }
+  if (backup.empty()) {
+    std::cout << "backup         none (there were no log files)\n";
+  } else {
+    std::cout << "backup         " << (std::filesystem::path(*dir) / backup).string()
+              << " (the old files; delete it once the store is known to be good)\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+const Command& StoreVerifyCommand() {
+  static const Command command{
+      .name = "store verify",
+      .synopsis = "idem store verify DIR",
+      .summary = "check every checksum of a log store without changing it",
+      .help = R"help(Reads every file of the log store in DIR and checks every checksum, changing
+nothing. Prints the files, bytes, batches and entries read, whether the last file
+ends in a torn batch (a crash mid-write; opening the store cuts it off, so a torn
+tail alone is ok), and one line per damaged place: "FILE offset N: what".
+When stderr is a terminal, shows progress on one updating line.
+
+DIR is the store's directory (a log:DIR store URL is accepted too). The store must
+not be open: stop the server that uses it first.
+
+Exit status: 0 intact (or only a torn tail), 1 damaged or unreadable, 2 usage error.
+)help",
+      .flags = {},
+      .arg_names = {"DIR"},
+      .run = &RunVerify,
+  };
+  return command;
+}
+
+const Command& StoreRepairCommand() {
+  static const Command command{
+      .name = "store repair",
+      .synopsis = "idem store repair DIR",
+      .summary = "rewrite a damaged log store, keeping every intact entry",
+      .help =
+          R"help(Rewrites the log store in DIR into a new file holding every entry whose checksum
+holds, and drops the damaged bytes. Prints how many entries were kept, how many bytes
+were dropped and each dropped range ("FILE bytes [a, b)"). Nothing is deleted: the
+old files move to DIR/repair-backup-<time>/, whose path is printed. Records whose
+entries were dropped are lost (or fall back to an older state): run
+'idem store verify DIR' first to see what is damaged.
+When stderr is a terminal, shows progress on one updating line.
+
+DIR is the store's directory (a log:DIR store URL is accepted too). The store must
+not be open: stop the server that uses it first.
+
+Exit status: 0 repaired, 1 failed, 2 usage error.
+)help",
+      .flags = {},
+      .arg_names = {"DIR"},
+      .run = &RunRepair,
+  };
+  return command;
+}
+
+}  // namespace idem::cli

@@ -1,0 +1,46 @@
+#include "cli/store_url.h"
+
+#include <string>
+
+namespace idem {
+
+std::string_view SupportedStoreUrls() { return "log:PATH[?sync=always|none|interval:MS], memory:"; }
+
+Result<StoreConfig> ParseStoreUrl(std::string_view url) {
+  const std::string quoted = "store URL \"" + std::string(url) + "\"";
+  const auto colon = url.find(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    std::string hint;
+    if (!url.empty() && (url[0] == '/' || url[0] == '.')) {
+      hint = " (for a log store directory write log:" + std::string(url) + ")";
+    }
+    return InvalidArgumentError(quoted + " has no scheme" + hint +
+                                "; supported: " + std::string(SupportedStoreUrls()));
+  }
+  const std::string_view scheme = url.substr(0, colon);
+  if (scheme == "log") {
+    auto options = ParseLogStoreUrl(url);
+    if (!options) return options.error();
+    return StoreConfig(std::move(*options));
+  }
+  if (scheme == "memory") {
+    if (url.size() > colon + 1) {
+      return InvalidArgumentError(quoted + ": memory: takes no path or options");
+    }
+    return StoreConfig(MemoryStoreOptions{});
+  }
+  if (scheme == "redis" || scheme == "rediss" || scheme == "postgres" || scheme == "postgresql") {
+    return InvalidArgumentError(
+        quoted + ": " + std::string(scheme) +
+        " stores are not supported yet; supported: " + std::string(SupportedStoreUrls()));
+  }
+  return InvalidArgumentError(quoted + ": unknown scheme \"" + std::string(scheme) +
+                              ":\"; supported: " + std::string(SupportedStoreUrls()));
+}
+
+Result<std::unique_ptr<Store>> OpenStore(const StoreConfig& config) {
+  if (const auto* log = std::get_if<LogStoreOptions>(&config)) return OpenLogStore(*log);
+  return NewMemoryStore(std::get<MemoryStoreOptions>(config));
+}
+
+}  // namespace idem
