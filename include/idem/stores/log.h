@@ -7,8 +7,9 @@
 //              sync (group commit). Loses nothing on a process crash or a power failure.
 //   kInterval  written before answering, fdatasync'ed every `sync_interval`: loses nothing on a
 //              process crash; up to `sync_interval` of answers on a power failure.
-//   kNone      written before answering, never synced by idem: loses nothing on a process
-//              crash; on a power failure, whatever the kernel had not written back.
+//   kNone      written in the background right after answering, never synced by idem: a
+//              process crash loses the answers not yet written (the last moments); a power
+//              failure, whatever the kernel had not written back.
 //
 // On open, a torn batch at the tail (a crash mid-write) is cut off with a logged warning;
 // damage anywhere else refuses to open with kDataLoss naming the file and offset (use

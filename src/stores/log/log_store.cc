@@ -163,7 +163,8 @@ class LogStore final : public Store {
   std::atomic<std::uint64_t> base_bytes_{0};       // snapshot + segments at the last check point
   std::atomic<std::uint64_t> written_at_base_{0};  // writer bytes at that point
   std::atomic<std::uint64_t> live_bytes_{0};       // size of the last snapshot
-  std::uint64_t snapshot_id_ = 0;
+  std::uint64_t snapshot_id_ = 0;  // guarded by compacting_
+  std::mutex compacting_;
 };
 
 LogStore::~LogStore() {
@@ -344,6 +345,8 @@ void LogStore::CompactionLoop() {
 }
 
 Status LogStore::Compact() {
+  // Purge() and the background thread may both want to compact; one at a time.
+  std::lock_guard one_at_a_time(compacting_);
   auto closed = writer_->Rotate();
   if (!closed) return closed.error();
   const std::uint64_t written_then = writer_->bytes_written();
