@@ -163,7 +163,7 @@ class LogStore final : public Store {
   std::atomic<std::uint64_t> base_bytes_{0};       // snapshot + segments at the last check point
   std::atomic<std::uint64_t> written_at_base_{0};  // writer bytes at that point
   std::atomic<std::uint64_t> live_bytes_{0};       // size of the last snapshot
-  std::uint64_t snapshot_id_ = 0;  // guarded by compacting_
+  std::uint64_t snapshot_id_ = 0;                  // guarded by compacting_
   std::mutex compacting_;
 };
 
