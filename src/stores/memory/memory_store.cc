@@ -547,6 +547,17 @@ class MemoryStore final : public memory_internal::Engine {
   std::uint64_t LogSession(const Session& s);
   std::uint64_t LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r);
   std::uint64_t LogEntity(const Entity& e);
+  // Runs `decide` under the shard's lock (it sets the ticket of what it changed or read), then
+  // gives its answer once that is durable, waiting outside the lock.
+  template <typename T, typename F>
+  Result<T> UnderLock(Shard& sh, F decide) {
+    std::uint64_t ticket = 0;
+    Result<T> answer = [&] {
+      std::lock_guard<SpinLock> lock(sh.mu);
+      return decide(ticket);
+    }();
+    return Durable(std::move(answer), ticket);
+  }
   // Gives `r` only once the change behind it (or the state it read) is durable.
   template <typename T>
   Result<T> Durable(Result<T> r, std::uint64_t ticket) {
@@ -634,12 +645,9 @@ Result<BeginAnswer> MemoryStore::Begin(const BeginRequest& req) {
   // The index line's miss overlaps the clock read and the lock.
   sh.index.Prefetch(id.tag());
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<BeginAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<BeginAnswer>(sh, [&](std::uint64_t& ticket) -> Result<BeginAnswer> {
     return BeginLocked(sh, id, req, now, ticket);
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<BeginAnswer> MemoryStore::BeginLocked(Shard& sh, const RecordId& id, const BeginRequest& req,
@@ -701,12 +709,9 @@ Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   Shard& sh = ShardFor(id.shard_hash);
   sh.index.Prefetch(id.tag());
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     return Result<WriteAnswer>(CompleteLocked(sh, id, req, now, ticket));
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 WriteAnswer MemoryStore::CompleteLocked(Shard& sh, const RecordId& id, const CompleteRequest& req,
@@ -742,9 +747,7 @@ Result<WriteAnswer> MemoryStore::Release(std::string_view scope, std::string_vie
   const RecordId id = MakeRecordId(scope, key);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
     ticket = Seen();
     if (slot_id == kNoSlot) return core::DecideRelease(nullptr, token, now);
@@ -755,8 +758,7 @@ Result<WriteAnswer> MemoryStore::Release(std::string_view scope, std::string_vie
       ticket = LogRemoval(core::ChangeType::kRecordDelete, scope, key);
     }
     return a;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view key, Token token,
@@ -767,9 +769,7 @@ Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view
   const RecordId id = MakeRecordId(scope, key);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
     ticket = Seen();
     if (slot_id == kNoSlot) {
@@ -784,8 +784,7 @@ Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view
       ticket = LogRecord(sh, s, scope, key);
     }
     return d.answer;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 // Batches: validate and locate every request first (their key and index misses overlap),
@@ -877,17 +876,15 @@ Result<std::optional<Record>> MemoryStore::Get(std::string_view scope, std::stri
   const RecordId id = MakeRecordId(scope, key);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<std::optional<Record>> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
-    ticket = Seen();
-    const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
-    if (slot_id == kNoSlot) return std::optional<Record>();
-    const Slot& s = sh.slots[slot_id];
-    if (!core::IsLive(sh.Head(s), now)) return std::optional<Record>();
-    return std::optional<Record>(sh.ToRecord(s));
-  }();
-  return Durable(std::move(answer), ticket);
+  return UnderLock<std::optional<Record>>(
+      sh, [&](std::uint64_t& ticket) -> Result<std::optional<Record>> {
+        ticket = Seen();
+        const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
+        if (slot_id == kNoSlot) return std::optional<Record>();
+        const Slot& s = sh.slots[slot_id];
+        if (!core::IsLive(sh.Head(s), now)) return std::optional<Record>();
+        return std::optional<Record>(sh.ToRecord(s));
+      });
 }
 
 Result<std::vector<Record>> MemoryStore::List(const ListFilter& filter) {
@@ -928,9 +925,7 @@ Result<bool> MemoryStore::Erase(std::string_view scope, std::string_view key) {
   const RecordId id = MakeRecordId(scope, key);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<bool> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<bool>(sh, [&](std::uint64_t& ticket) -> Result<bool> {
     ticket = Seen();
     const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
     if (slot_id == kNoSlot) return false;
@@ -938,8 +933,7 @@ Result<bool> MemoryStore::Erase(std::string_view scope, std::string_view key) {
     sh.RemoveSlot(arena_, slot_id);
     ticket = LogRemoval(core::ChangeType::kRecordDelete, scope, key);
     return live;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<StoreStats> MemoryStore::Stats() {
@@ -1033,9 +1027,7 @@ Result<SessionInfo> MemoryStore::OpenSession(const SessionRequest& req) {
   std::string key = CompositeKey(req.scope, req.client_id);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<SessionInfo> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<SessionInfo>(sh, [&](std::uint64_t& ticket) -> Result<SessionInfo> {
     auto [it, inserted] = sh.sessions.try_emplace(std::move(key));
     Session& s = it->second;
     if (inserted) {
@@ -1052,8 +1044,7 @@ Result<SessionInfo> MemoryStore::OpenSession(const SessionRequest& req) {
     s.head.expires = now + req.ttl;
     ticket = LogSession(s);
     return MakeSessionInfo(s);
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 namespace {
@@ -1075,10 +1066,8 @@ Result<BeginAnswer> MemoryStore::BeginSequenced(const SequencedBeginRequest& req
   const std::string key = CompositeKey(req.scope, req.client_id);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
   // The session gate and the record decision happen under one lock.
-  Result<BeginAnswer> answer = [&]() -> Result<BeginAnswer> {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<BeginAnswer>(sh, [&](std::uint64_t& ticket) -> Result<BeginAnswer> {
     const auto it = sh.sessions.find(key);
     Session* session = it == sh.sessions.end() ? nullptr : &it->second;
     const core::SessionDecision g =
@@ -1120,8 +1109,7 @@ Result<BeginAnswer> MemoryStore::BeginSequenced(const SequencedBeginRequest& req
       return ToAnswer(d, {});
     }
     return ToAnswer(d, rec != nullptr ? std::string_view(rec->response) : std::string_view());
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<WriteAnswer> MemoryStore::CompleteSequenced(const SequencedCompleteRequest& req) {
@@ -1131,9 +1119,7 @@ Result<WriteAnswer> MemoryStore::CompleteSequenced(const SequencedCompleteReques
   const std::string key = CompositeKey(req.scope, req.client_id);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&]() -> Result<WriteAnswer> {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     const auto it = sh.sessions.find(key);
     if (it == sh.sessions.end() || now >= it->second.head.expires) {
       return UnknownSession(req.scope, req.client_id);
@@ -1152,8 +1138,7 @@ Result<WriteAnswer> MemoryStore::CompleteSequenced(const SequencedCompleteReques
       ticket = LogSession(session);
     }
     return d.answer;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<WriteAnswer> MemoryStore::ReleaseSequenced(std::string_view scope,
@@ -1165,9 +1150,7 @@ Result<WriteAnswer> MemoryStore::ReleaseSequenced(std::string_view scope,
   const std::string key = CompositeKey(scope, client_id);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&]() -> Result<WriteAnswer> {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     const auto it = sh.sessions.find(key);
     if (it == sh.sessions.end() || now >= it->second.head.expires) {
       return UnknownSession(scope, client_id);
@@ -1184,8 +1167,7 @@ Result<WriteAnswer> MemoryStore::ReleaseSequenced(std::string_view scope,
       ticket = LogSession(session);
     }
     return a;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<SessionInfo> MemoryStore::Acknowledge(std::string_view scope, std::string_view client_id,
@@ -1195,9 +1177,7 @@ Result<SessionInfo> MemoryStore::Acknowledge(std::string_view scope, std::string
   const std::string key = CompositeKey(scope, client_id);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<SessionInfo> answer = [&]() -> Result<SessionInfo> {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<SessionInfo>(sh, [&](std::uint64_t& ticket) -> Result<SessionInfo> {
     const auto it = sh.sessions.find(key);
     Session* session = it == sh.sessions.end() ? nullptr : &it->second;
     // The machine's session gate with the first number above the new low water: it raises
@@ -1212,8 +1192,7 @@ Result<SessionInfo> MemoryStore::Acknowledge(std::string_view scope, std::string
     DropThrough(*session, g.drop_through);
     ticket = LogSession(*session);
     return MakeSessionInfo(*session);
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 // ---- versioned entities ----
@@ -1232,9 +1211,7 @@ Result<BeginAnswer> MemoryStore::BeginVersioned(const VersionedBeginRequest& req
   std::string key = CompositeKey(req.scope, req.entity);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<BeginAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<BeginAnswer>(sh, [&](std::uint64_t& ticket) -> Result<BeginAnswer> {
     auto it = sh.entities.find(key);
     const core::VersionDecision d =
         core::DecideVersioned(it == sh.entities.end() ? nullptr : &it->second.head, req.version,
@@ -1257,8 +1234,7 @@ Result<BeginAnswer> MemoryStore::BeginVersioned(const VersionedBeginRequest& req
         break;
     }
     return BeginAnswer(Stale{});
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<WriteAnswer> MemoryStore::CompleteVersioned(const VersionedCompleteRequest& req) {
@@ -1268,9 +1244,7 @@ Result<WriteAnswer> MemoryStore::CompleteVersioned(const VersionedCompleteReques
   const std::string key = CompositeKey(req.scope, req.entity);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     const auto it = sh.entities.find(key);
     const core::EntityWrite w = core::DecideCompleteVersioned(
         it == sh.entities.end() ? nullptr : &it->second.head, req.token, req.retention, now);
@@ -1280,8 +1254,7 @@ Result<WriteAnswer> MemoryStore::CompleteVersioned(const VersionedCompleteReques
       ticket = LogEntity(it->second);
     }
     return w.answer;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<WriteAnswer> MemoryStore::ReleaseVersioned(std::string_view scope, std::string_view entity,
@@ -1291,9 +1264,7 @@ Result<WriteAnswer> MemoryStore::ReleaseVersioned(std::string_view scope, std::s
   const std::string key = CompositeKey(scope, entity);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<WriteAnswer> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
+  return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     const auto it = sh.entities.find(key);
     const core::EntityWrite w = core::DecideReleaseVersioned(
         it == sh.entities.end() ? nullptr : &it->second.head, token, now);
@@ -1303,8 +1274,7 @@ Result<WriteAnswer> MemoryStore::ReleaseVersioned(std::string_view scope, std::s
       ticket = LogEntity(it->second);
     }
     return w.answer;
-  }();
-  return Durable(std::move(answer), ticket);
+  });
 }
 
 Result<std::optional<EntityVersion>> MemoryStore::GetVersion(std::string_view scope,
@@ -1314,27 +1284,25 @@ Result<std::optional<EntityVersion>> MemoryStore::GetVersion(std::string_view sc
   const std::string key = CompositeKey(scope, entity);
   Shard& sh = ShardFor(absl::HashOf(key));
   const Timestamp now = clock_->Now();
-  std::uint64_t ticket = 0;
-  Result<std::optional<EntityVersion>> answer = [&] {
-    std::lock_guard<SpinLock> lock(sh.mu);
-    ticket = Seen();
-    const auto it = sh.entities.find(key);
-    if (it == sh.entities.end() || now >= it->second.head.expires) {
-      return std::optional<EntityVersion>();
-    }
-    const Entity& e = it->second;
-    EntityVersion v;
-    v.scope = e.scope;
-    v.entity = e.entity;
-    v.applied = e.head.applied;
-    if (e.head.in_progress != 0) v.in_progress = e.head.in_progress;
-    v.token = e.head.token;
-    v.attempt = e.head.attempt;
-    v.lease_deadline = e.head.lease_deadline;
-    v.expires = e.head.expires;
-    return std::optional<EntityVersion>(std::move(v));
-  }();
-  return Durable(std::move(answer), ticket);
+  return UnderLock<std::optional<EntityVersion>>(
+      sh, [&](std::uint64_t& ticket) -> Result<std::optional<EntityVersion>> {
+        ticket = Seen();
+        const auto it = sh.entities.find(key);
+        if (it == sh.entities.end() || now >= it->second.head.expires) {
+          return std::optional<EntityVersion>();
+        }
+        const Entity& e = it->second;
+        EntityVersion v;
+        v.scope = e.scope;
+        v.entity = e.entity;
+        v.applied = e.head.applied;
+        if (e.head.in_progress != 0) v.in_progress = e.head.in_progress;
+        v.token = e.head.token;
+        v.attempt = e.head.attempt;
+        v.lease_deadline = e.head.lease_deadline;
+        v.expires = e.head.expires;
+        return std::optional<EntityVersion>(std::move(v));
+      });
 }
 
 // ---- the journal's side ----
