@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=${JOBS:-2}
+summary=$(mktemp)
+trap 'rm -f "$summary"' EXIT
 
 echo "== clang-format"
 scripts/format.sh --check
@@ -16,7 +18,7 @@ run_suite() {
   cmake --preset "$preset" >/dev/null
   cmake --build "build/$preset" -j "$jobs"
   echo "== test $preset"
-  ctest --test-dir "build/$preset" -j "$jobs" --output-on-failure --timeout 600
+  ctest --test-dir "build/$preset" -j "$jobs" --output-on-failure --timeout 600 | tee -a "$summary"
 }
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
@@ -28,11 +30,16 @@ run_suite ci-tsan
 echo "== build ci-release (benchmarks, example) and package check"
 cmake --preset ci-release >/dev/null
 cmake --build build/ci-release -j "$jobs"
-ctest --test-dir build/ci-release -j "$jobs" --output-on-failure --timeout 600 -R example
+ctest --test-dir build/ci-release -j "$jobs" --output-on-failure --timeout 600 -R example |
+  tee -a "$summary"
 prefix=$(mktemp -d)
-trap 'rm -rf "$prefix"' EXIT
+trap 'rm -rf "$prefix" "$summary"' EXIT
 cmake --install build/ci-release --prefix "$prefix" >/dev/null
 cmake -S tests/package -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/consumer" >/dev/null
 "$prefix/consumer/idem_consumer"
 echo "== all suites passed"
+# One closing line over every ctest run above (ASan+UBSan, TSan, release examples).
+total=$(sed -n 's/.*tests passed, 0 tests failed out of \([0-9]*\).*/\1/p' "$summary" |
+  awk '{ n += $1 } END { print n }')
+echo "${total} passed, 0 failed"
