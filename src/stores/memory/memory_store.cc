@@ -1332,18 +1332,18 @@ std::uint64_t MemoryStore::LogRemoval(core::ChangeType type, std::string_view sc
   return journal_->Record(c);
 }
 
-std::uint64_t MemoryStore::LogSession(const Session& s) {
-  if (journal_ == nullptr) return 0;
+// Images of a session, one of its records, and an entity: what the journal hears when they
+// change and what a snapshot writes out.
+core::Change SessionImage(const Session& s) {
   core::Change c;
   c.type = core::ChangeType::kSessionPut;
   c.scope = s.scope;
   c.name = s.client_id;
   c.session = s.head;
-  return journal_->Record(c);
+  return c;
 }
 
-std::uint64_t MemoryStore::LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r) {
-  if (journal_ == nullptr) return 0;
+core::Change SeqRecordImage(const Session& s, std::uint64_t seq, const SeqRecord& r) {
   core::Change c;
   c.type = core::ChangeType::kSeqPut;
   c.scope = s.scope;
@@ -1352,17 +1352,28 @@ std::uint64_t MemoryStore::LogSeqRecord(const Session& s, std::uint64_t seq, con
   c.record = r.head;
   c.fingerprint = r.fingerprint;
   c.response = r.response;
-  return journal_->Record(c);
+  return c;
 }
 
-std::uint64_t MemoryStore::LogEntity(const Entity& e) {
-  if (journal_ == nullptr) return 0;
+core::Change EntityImage(const Entity& e) {
   core::Change c;
   c.type = core::ChangeType::kEntityPut;
   c.scope = e.scope;
   c.name = e.entity;
   c.entity = e.head;
-  return journal_->Record(c);
+  return c;
+}
+
+std::uint64_t MemoryStore::LogSession(const Session& s) {
+  return journal_ == nullptr ? 0 : journal_->Record(SessionImage(s));
+}
+
+std::uint64_t MemoryStore::LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r) {
+  return journal_ == nullptr ? 0 : journal_->Record(SeqRecordImage(s, seq, r));
+}
+
+std::uint64_t MemoryStore::LogEntity(const Entity& e) {
+  return journal_ == nullptr ? 0 : journal_->Record(EntityImage(e));
 }
 
 Status MemoryStore::Apply(const core::Change& c) {
@@ -1536,32 +1547,10 @@ Status MemoryStore::Snapshot(const std::function<Status(const core::Change&)>& s
       }
     }
     for (const Session& s : sessions) {
-      core::Change c;
-      c.type = core::ChangeType::kSessionPut;
-      c.scope = s.scope;
-      c.name = s.client_id;
-      c.session = s.head;
-      IDEM_RETURN_IF_ERROR(sink(c));
-      for (const auto& [seq, r] : s.records) {
-        core::Change q;
-        q.type = core::ChangeType::kSeqPut;
-        q.scope = s.scope;
-        q.name = s.client_id;
-        q.seq = seq;
-        q.record = r.head;
-        q.fingerprint = r.fingerprint;
-        q.response = r.response;
-        IDEM_RETURN_IF_ERROR(sink(q));
-      }
+      IDEM_RETURN_IF_ERROR(sink(SessionImage(s)));
+      for (const auto& [seq, r] : s.records) IDEM_RETURN_IF_ERROR(sink(SeqRecordImage(s, seq, r)));
     }
-    for (const Entity& e : entities) {
-      core::Change c;
-      c.type = core::ChangeType::kEntityPut;
-      c.scope = e.scope;
-      c.name = e.entity;
-      c.entity = e.head;
-      IDEM_RETURN_IF_ERROR(sink(c));
-    }
+    for (const Entity& e : entities) IDEM_RETURN_IF_ERROR(sink(EntityImage(e)));
   }
   return OkStatus();
 }
