@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <utility>
 
 namespace idem::log {
 namespace {
@@ -21,6 +22,19 @@ Status Errno(std::string_view what, const std::string& path, int err) {
   if (err == EIO) return DataLossError(msg);
   if (err == ENOENT) return NotFoundError(msg);
   return UnavailableError(msg);
+}
+
+// An open file descriptor and the file's size.
+Result<std::pair<int, std::uint64_t>> OpenSized(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return Errno("open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Errno("stat", path, err);
+  }
+  return std::pair<int, std::uint64_t>(fd, static_cast<std::uint64_t>(st.st_size));
 }
 
 class PosixWritable final : public WritableFile {
@@ -127,15 +141,10 @@ class PosixFileSystem final : public FileSystem {
   }
 
   Result<std::unique_ptr<ReadableFile>> Read(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Errno("open", path, errno);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int err = errno;
-      ::close(fd);
-      return Errno("stat", path, err);
-    }
-    auto size = static_cast<std::size_t>(st.st_size);
+    auto opened = OpenSized(path, O_RDONLY | O_CLOEXEC);
+    if (!opened) return opened.error();
+    const auto [fd, file_size] = *opened;
+    auto size = static_cast<std::size_t>(file_size);
     void* base = nullptr;
     if (size > 0) {
       base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
@@ -152,15 +161,10 @@ class PosixFileSystem final : public FileSystem {
 
   Result<std::unique_ptr<WritableFile>> Append(const std::string& path) override {
     bool existed = Exists(path);
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return Errno("open", path, errno);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int err = errno;
-      ::close(fd);
-      return Errno("stat", path, err);
-    }
-    auto file = std::make_unique<PosixWritable>(fd, path, static_cast<std::uint64_t>(st.st_size));
+    auto opened = OpenSized(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC);
+    if (!opened) return opened.error();
+    const auto [fd, size] = *opened;
+    auto file = std::make_unique<PosixWritable>(fd, path, size);
     if (!existed) {
       std::string dir = path.substr(0, path.find_last_of('/'));
       IDEM_RETURN_IF_ERROR(SyncDir(dir.empty() ? "." : dir));

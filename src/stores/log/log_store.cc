@@ -14,6 +14,7 @@
 #include "stores/log/batch.h"
 #include "stores/log/codec.h"
 #include "stores/log/file_system.h"
+#include "stores/log/files.h"
 #include "stores/log/log_store_internal.h"
 #include "stores/log/writer.h"
 #include "stores/memory/engine.h"
@@ -23,13 +24,6 @@ namespace log {
 namespace {
 
 using memory_internal::Engine;
-
-std::string FileName(std::uint64_t id, std::string_view ext) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%012llu.%.*s", static_cast<unsigned long long>(id),
-                static_cast<int>(ext.size()), ext.data());
-  return name;
-}
 
 // The store as a Journal for the engine: every change goes to the log writer.
 class LogJournal final : public core::Journal {
@@ -136,8 +130,9 @@ class LogStore final : public Store {
   void MaybeCompact();
   void CompactionLoop();
   Status Recover(Recovered* rec);
-  Status ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
-                    std::uint64_t* last_seq, std::uint64_t* max_token);
+  // Replays one file into the engine; returns its size after any torn tail was cut off.
+  Result<std::uint64_t> ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
+                                   std::uint64_t* last_seq, std::uint64_t* max_token);
   std::string Path(std::string_view name) const { return options_.dir + "/" + std::string(name); }
   void Warn(const std::string& msg) const {
     if (options_.warn) {
@@ -179,8 +174,8 @@ LogStore::~LogStore() {
   writer_.reset();
 }
 
-Status LogStore::ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
-                            std::uint64_t* last_seq, std::uint64_t* max_token) {
+Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
+                                           std::uint64_t* last_seq, std::uint64_t* max_token) {
   const std::string path = Path(name);
   auto file = fs_.Read(path);
   if (!file) return file.error();
@@ -190,7 +185,8 @@ Status LogStore::ReplayFile(const std::string& name, bool is_last, bool is_snaps
     Warn(path + ": incomplete header of the newest segment (" + std::to_string(data.size()) +
          " bytes), removed");
     file->reset();
-    return fs_.Remove(path);
+    IDEM_RETURN_IF_ERROR(fs_.Remove(path));
+    return std::uint64_t{0};
   }
   IDEM_RETURN_IF_ERROR(CheckFileHeader(data, path));
   Entry e;
@@ -224,58 +220,38 @@ Status LogStore::ReplayFile(const std::string& name, bool is_last, bool is_snaps
     IDEM_RETURN_IF_ERROR(fs_.Truncate(path, scan->valid_end));
   }
   if (!is_snapshot) *last_seq = scan->last_seq;
-  return OkStatus();
+  return std::uint64_t{scan->end == End::kTornTail ? scan->valid_end : data.size()};
 }
 
 Status LogStore::Recover(Recovered* rec) {
-  auto names = fs_.List(options_.dir);
-  if (!names) return names.error();
-  std::vector<std::uint64_t> snaps, segs;
-  for (const std::string& n : *names) {
-    unsigned long long id = 0;
-    char ext[8] = {};
-    if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") {
-      IDEM_RETURN_IF_ERROR(fs_.Remove(Path(n)));  // an unfinished compaction
-      continue;
-    }
-    if (std::sscanf(n.c_str(), "%12llu.%4s", &id, ext) != 2 || n.size() != 16 + (ext[0] == 's')) {
-      continue;
-    }
-    if (std::string_view(ext) == "log") segs.push_back(id);
-    if (std::string_view(ext) == "snap") snaps.push_back(id);
+  auto files = ListLogFiles(fs_, options_.dir);
+  if (!files) return files.error();
+  for (const std::string& t : files->temporary) {
+    IDEM_RETURN_IF_ERROR(fs_.Remove(Path(t)));  // an unfinished compaction
   }
-  std::sort(snaps.begin(), snaps.end());
-  std::sort(segs.begin(), segs.end());
-  if (!snaps.empty()) {
-    rec->snapshot_id = snaps.back();
-    IDEM_RETURN_IF_ERROR(ReplayFile(FileName(rec->snapshot_id, "snap"), false, true, &rec->last_seq,
-                                    &rec->max_token));
-    auto f = fs_.Read(Path(FileName(rec->snapshot_id, "snap")));
-    if (f) rec->snapshot_bytes = (*f)->Data().size();
-  }
-  for (std::uint64_t id : segs) {
-    if (id <= rec->snapshot_id) continue;  // covered by the snapshot; removed below
-    rec->segments.push_back(id);
-  }
+  const std::vector<LogFile> replay = files->ReplayOrder();
   // Segment seqs continue across files; the first segment after a snapshot starts anew.
   std::uint64_t last_seq = 0;
-  for (std::size_t i = 0; i < rec->segments.size(); ++i) {
-    IDEM_RETURN_IF_ERROR(ReplayFile(FileName(rec->segments[i], "log"),
-                                    i + 1 == rec->segments.size(), false, &last_seq,
-                                    &rec->max_token));
+  for (std::size_t i = 0; i < replay.size(); ++i) {
+    const LogFile& f = replay[i];
+    auto bytes = ReplayFile(f.name, i + 1 == replay.size(), f.snapshot, &last_seq, &rec->max_token);
+    if (!bytes) return bytes.error();
+    rec->disk_bytes += *bytes;
+    if (f.snapshot) {
+      rec->snapshot_id = f.id;
+      rec->snapshot_bytes = *bytes;
+    } else {
+      rec->segments.push_back(f.id);
+    }
   }
   rec->last_seq = last_seq;
   // Leftovers of a compaction that stopped after writing its snapshot.
-  for (std::uint64_t id : snaps) {
-    if (id < rec->snapshot_id) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(FileName(id, "snap"))));
+  for (const LogFile& f : files->snapshots) {
+    if (f.id < rec->snapshot_id) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(f.name)));
   }
-  for (std::uint64_t id : segs) {
-    if (id <= rec->snapshot_id) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(FileName(id, "log"))));
+  for (const LogFile& f : files->segments) {
+    if (f.id <= rec->snapshot_id) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(f.name)));
   }
-  for (std::uint64_t id : rec->segments) {
-    if (auto f = fs_.Read(Path(FileName(id, "log")))) rec->disk_bytes += (*f)->Data().size();
-  }
-  rec->disk_bytes += rec->snapshot_bytes;
   return OkStatus();
 }
 
@@ -350,7 +326,7 @@ Status LogStore::Compact() {
   auto closed = writer_->Rotate();
   if (!closed) return closed.error();
   const std::uint64_t written_then = writer_->bytes_written();
-  const std::string tmp = Path(FileName(*closed, "snap") + ".tmp");
+  const std::string tmp = Path(LogFileName(*closed, /*snapshot=*/true) + ".tmp");
   auto out = fs_.Append(tmp);
   if (!out) return out.error();
   Status s = (*out)->Append(FileHeader());
@@ -380,7 +356,7 @@ Status LogStore::Compact() {
   if (s.ok()) s = (*out)->Sync();
   std::uint64_t snap_bytes = (*out)->Size();
   out->reset();
-  const std::string snap = Path(FileName(*closed, "snap"));
+  const std::string snap = Path(LogFileName(*closed, /*snapshot=*/true));
   if (s.ok()) s = fs_.Rename(tmp, snap);
   if (s.ok()) s = fs_.SyncDir(options_.dir);
   if (!s.ok()) {
@@ -388,15 +364,13 @@ Status LogStore::Compact() {
     return s;
   }
   // The snapshot now covers every segment up to `closed`.
-  auto names = fs_.List(options_.dir);
-  if (!names) return names.error();
-  for (const std::string& n : *names) {
-    unsigned long long id = 0;
-    char ext[8] = {};
-    if (std::sscanf(n.c_str(), "%12llu.%4s", &id, ext) != 2) continue;
-    bool old_segment = std::string_view(ext) == "log" && id <= *closed;
-    bool old_snapshot = std::string_view(ext) == "snap" && id < *closed;
-    if (old_segment || old_snapshot) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(n)));
+  auto files = ListLogFiles(fs_, options_.dir);
+  if (!files) return files.error();
+  for (const LogFile& f : files->segments) {
+    if (f.id <= *closed) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(f.name)));
+  }
+  for (const LogFile& f : files->snapshots) {
+    if (f.id < *closed) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(f.name)));
   }
   snapshot_id_ = *closed;
   live_bytes_ = snap_bytes;

@@ -8,42 +8,30 @@
 #include "stores/log/batch.h"
 #include "stores/log/codec.h"
 #include "stores/log/file_system.h"
+#include "stores/log/files.h"
 #include "stores/log/writer.h"
 
 namespace idem {
 namespace log {
 namespace {
 
-struct LogFile {
-  std::string name;
-  std::uint64_t id;
-  bool snapshot;
+struct OpenedFile {
+  LogFile file;
+  std::unique_ptr<ReadableFile> data;
 };
 
-// The store's files in replay order: the newest snapshot, then the segments after it.
-Result<std::vector<LogFile>> ListLogFiles(FileSystem& fs, const std::string& dir) {
-  auto names = fs.List(dir);
-  if (!names) return names.error();
-  std::vector<LogFile> snaps, segs;
-  for (const std::string& n : *names) {
-    unsigned long long id = 0;
-    char ext[8] = {};
-    if (std::sscanf(n.c_str(), "%12llu.%4s", &id, ext) != 2) continue;
-    if (n == std::to_string(id) || n.find(".tmp") != std::string::npos) continue;
-    if (std::string_view(ext) == "log") segs.push_back({n, id, false});
-    if (std::string_view(ext) == "snap") snaps.push_back({n, id, true});
-  }
-  auto by_id = [](const LogFile& a, const LogFile& b) { return a.id < b.id; };
-  std::sort(snaps.begin(), snaps.end(), by_id);
-  std::sort(segs.begin(), segs.end(), by_id);
-  std::vector<LogFile> out;
-  std::uint64_t after = 0;
-  if (!snaps.empty()) {
-    out.push_back(snaps.back());
-    after = snaps.back().id;
-  }
-  for (const LogFile& f : segs) {
-    if (f.id > after) out.push_back(f);
+// The files a store replays, in order, each read once; `total` gets their combined size.
+Result<std::vector<OpenedFile>> OpenReplayFiles(FileSystem& fs, const std::string& dir,
+                                                std::uint64_t* total) {
+  auto listed = ListLogFiles(fs, dir);
+  if (!listed) return listed.error();
+  std::vector<OpenedFile> out;
+  *total = 0;
+  for (LogFile& f : listed->ReplayOrder()) {
+    auto r = fs.Read(dir + "/" + f.name);
+    if (!r) return r.error();
+    *total += (*r)->Data().size();
+    out.push_back({std::move(f), std::move(*r)});
   }
   return out;
 }
@@ -93,22 +81,15 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
   log::FileSystem& fs = log::FileSystem::Posix();
   std::unique_ptr<log::DirLock> lock;
   IDEM_RETURN_IF_ERROR(log::Locked(fs, dir, &lock));
-  auto files = log::ListLogFiles(fs, dir);
-  if (!files) return files.error();
-  std::vector<std::unique_ptr<log::ReadableFile>> data;
   std::uint64_t total = 0, done = 0;
-  for (const auto& f : *files) {
-    auto r = fs.Read(dir + "/" + f.name);
-    if (!r) return r.error();
-    total += (*r)->Data().size();
-    data.push_back(std::move(*r));
-  }
+  auto files = log::OpenReplayFiles(fs, dir, &total);
+  if (!files) return files.error();
   LogCheckReport report;
   std::uint64_t last_seq = 0;
   for (std::size_t i = 0; i < files->size(); ++i) {
-    const auto& f = (*files)[i];
+    const log::LogFile& f = (*files)[i].file;
     const std::string path = dir + "/" + f.name;
-    std::string_view bytes = data[i]->Data();
+    std::string_view bytes = (*files)[i].data->Data();
     ++report.files;
     report.bytes += bytes.size();
     const bool last = i + 1 == files->size();
@@ -152,35 +133,28 @@ Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& p
   log::FileSystem& fs = log::FileSystem::Posix();
   std::unique_ptr<log::DirLock> lock;
   IDEM_RETURN_IF_ERROR(log::Locked(fs, dir, &lock));
-  auto files = log::ListLogFiles(fs, dir);
+  std::uint64_t total = 0, done = 0;
+  auto files = log::OpenReplayFiles(fs, dir, &total);
   if (!files) return files.error();
   LogRepairReport report;
   if (files->empty()) return report;
   // Every intact entry, in order, into one new segment after the newest file.
-  const std::uint64_t new_id = files->back().id + 1;
-  char name[40];
-  std::snprintf(name, sizeof name, "%012llu.log", static_cast<unsigned long long>(new_id));
+  const std::string name = log::LogFileName(files->back().file.id + 1, /*snapshot=*/false);
   const std::string tmp = dir + "/" + name + ".tmp";
   auto out = fs.Append(tmp);
   if (!out) return out.error();
   IDEM_RETURN_IF_ERROR((*out)->Append(log::FileHeader()));
   log::BatchBuilder batch;
-  std::uint64_t seq = 0, total = 0, done = 0;
-  for (const auto& f : *files) {
-    auto r = fs.Read(dir + "/" + f.name);
-    if (r) total += (*r)->Data().size();
-  }
+  std::uint64_t seq = 0;
   Status write_error;
   auto flush = [&] {
     if (batch.empty() || !write_error.ok()) return;
     write_error = (*out)->Append(batch.Finish(++seq));
     batch.Clear();
   };
-  for (const auto& f : *files) {
-    const std::string path = dir + "/" + f.name;
-    auto r = fs.Read(path);
-    if (!r) return r.error();
-    std::string_view bytes = (*r)->Data();
+  for (const auto& opened : *files) {
+    const std::string path = dir + "/" + opened.file.name;
+    std::string_view bytes = opened.data->Data();
     if (!log::CheckFileHeader(bytes, path).ok()) {
       report.bytes_dropped += bytes.size();
       report.dropped.push_back(path + " bytes [0, " + std::to_string(bytes.size()) +
@@ -219,8 +193,10 @@ Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& p
   // The old files go to a backup folder: nothing is deleted by a repair.
   const std::string backup = dir + "/repair-backup-" + std::to_string(std::time(nullptr));
   IDEM_RETURN_IF_ERROR(fs.CreateDir(backup));
-  for (const auto& f : *files) {
-    IDEM_RETURN_IF_ERROR(fs.Rename(dir + "/" + f.name, backup + "/" + f.name));
+  for (auto& opened : *files) {
+    opened.data.reset();
+    const std::string& f = opened.file.name;
+    IDEM_RETURN_IF_ERROR(fs.Rename(dir + "/" + f, backup + "/" + f));
   }
   IDEM_RETURN_IF_ERROR(fs.Rename(tmp, dir + "/" + name));
   IDEM_RETURN_IF_ERROR(fs.SyncDir(dir));

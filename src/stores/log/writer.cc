@@ -1,15 +1,11 @@
 #include "stores/log/writer.h"
 
+#include "stores/log/files.h"
+
 #include <cstdio>
 
 namespace idem::log {
 namespace {
-
-std::string SegmentPath(const std::string& dir, std::uint64_t id) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%012llu.log", static_cast<unsigned long long>(id));
-  return dir + "/" + name;
-}
 
 // Sticky log failures. A full disk is retryable once space is freed (after a reopen); an I/O
 // error may have damaged what is on disk.
@@ -66,7 +62,7 @@ LogWriter::~LogWriter() {
 }
 
 Status LogWriter::OpenSegment(std::uint64_t id) {
-  std::string path = SegmentPath(dir_, id);
+  std::string path = dir_ + "/" + LogFileName(id, /*snapshot=*/false);
   auto file = fs_.Append(path);
   if (!file) return file.error();
   if ((*file)->Size() == 0) {

@@ -1,0 +1,37 @@
+// The names of a log store's files: DIR/<12-digit id>.log for segments, DIR/<id>.snap for
+// snapshots (a snapshot covers every segment up to its id), and *.tmp for an unfinished one.
+#ifndef IDEM_STORES_LOG_FILES_H_
+#define IDEM_STORES_LOG_FILES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "idem/status.h"
+#include "stores/log/file_system.h"
+
+namespace idem::log {
+
+struct LogFile {
+  std::string name;  // within the directory
+  std::uint64_t id = 0;
+  bool snapshot = false;
+};
+
+std::string LogFileName(std::uint64_t id, bool snapshot);
+
+struct LogFiles {
+  std::vector<LogFile> snapshots;  // ascending ids
+  std::vector<LogFile> segments;   // ascending ids
+  std::vector<std::string> temporary;
+
+  // What a store replays, in order: the newest snapshot, then the segments after it.
+  std::vector<LogFile> ReplayOrder() const;
+};
+
+// Other names in the directory (LOCK, backups) are ignored.
+Result<LogFiles> ListLogFiles(FileSystem& fs, const std::string& dir);
+
+}  // namespace idem::log
+
+#endif  // IDEM_STORES_LOG_FILES_H_
