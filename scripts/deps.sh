@@ -10,6 +10,10 @@ packages=(
   libbenchmark-dev    # Google Benchmark
   librocksdb-dev libsqlite3-dev   # log_store_bench's peers
   clang clang-format  # libFuzzer targets, format check
+  libboost1.81-dev    # Boost.Beast/Asio: idemd's HTTP server and upstream client
+  libtomlplusplus-dev # idemd's TOML configuration
+  curl                # the main job's demo requests
+  wrk nginx-light     # the gateway benchmark and its nginx peer
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,942 @@
+// The gateway server (see server.h). Every request runs as one coroutine on its connection's
+// I/O thread:
+//
+//   read request -> route? key? -> fingerprint, principal scope -> store Begin
+//     Acquired -> forward upstream -> Complete (stored status) or Release (else) -> answer
+//     Replay   -> the stored response + Idempotent-Replayed: true
+//     Busy     -> 409, or poll until the outcome is there (route in_flight = "wait")
+//     Conflict -> 422
+//   store error at any point before the upstream call -> 503 + Retry-After, upstream not called
+#include "gateway/server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "gateway/rules.h"
+
+namespace idem::gateway {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using SteadyClock = std::chrono::steady_clock;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
+constexpr std::size_t kMaxUpstreamBody = std::size_t{1} << 30;
+constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
+constexpr std::string_view kAttemptHeader = "Idempotency-Attempt";
+constexpr std::string_view kReadyProbeScope = "idemd.readyz";
+
+// ---- text (Debian's abseil has its own string_view, so std only here) ----
+
+void Append(std::string& out, std::string_view v) { out.append(v); }
+void Append(std::string& out, const char* v) { out.append(v); }
+void Append(std::string& out, double v) {
+  char buf[32];
+  const int n = std::snprintf(buf, sizeof buf, "%.3f", v);
+  out.append(buf, static_cast<std::size_t>(n));
+}
+template <class T>
+requires std::is_integral_v<T>
+void Append(std::string& out, T v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+template <class... Parts>
+std::string Cat(const Parts&... parts) {
+  std::string out;
+  (Append(out, parts), ...);
+  return out;
+}
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+std::string_view TrimSpaces(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// ---- logging: one line per event, one write(2) per line so lines never interleave ----
+
+enum class Level : std::uint8_t { kDebug, kInfo, kWarn, kError };
+
+Level ParseLevel(std::string_view s) {
+  if (s == "debug") return Level::kDebug;
+  if (s == "warn") return Level::kWarn;
+  if (s == "error") return Level::kError;
+  return Level::kInfo;
+}
+
+class Logger {
+ public:
+  explicit Logger(Level min) : min_(min) {}
+  bool Enabled(Level l) const { return l >= min_; }
+  void Write(Level l, std::string_view fields) const {
+    if (!Enabled(l)) return;
+    static constexpr std::string_view kNames[] = {"debug", "info", "warn", "error"};
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
+        1000;
+    std::tm tm{};
+    ::gmtime_r(&secs, &tm);
+    char ts[64];
+    std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<int>(ms));
+    std::string line = Cat("ts=", ts, " level=", kNames[static_cast<int>(l)], " ", fields, "\n");
+    [[maybe_unused]] auto n = ::write(2, line.data(), line.size());
+  }
+
+ private:
+  Level min_;
+};
+
+// What happened to a request, for the log line and the metrics labels.
+enum class Outcome : std::uint8_t {
+  kForwarded,         // first request with its key: upstream answered, outcome stored
+  kReleased,          // upstream answered with a status that is not stored: key released
+  kReplayed,          // stored response returned
+  kInFlight,          // 409: the first request is still upstream
+  kKeyReuse,          // 422
+  kBadRequest,        // 400/413/431: key or body or headers
+  kStoreUnavailable,  // 503
+  kUpstreamError,     // 502/504: key released
+  kPassThrough,       // no idempotency semantics on this route/method
+  kCount,
+};
+constexpr std::string_view kOutcomeNames[] = {
+    "forwarded",   "released",          "replayed",       "in_flight",   "key_reuse",
+    "bad_request", "store_unavailable", "upstream_error", "pass_through"};
+static_assert(std::size(kOutcomeNames) == static_cast<std::size_t>(Outcome::kCount));
+
+// ---- metrics ----
+
+struct RouteMetrics {
+  Counter* requests[static_cast<int>(Outcome::kCount)];
+  Histogram* seconds[static_cast<int>(Outcome::kCount)];
+};
+
+class GatewayMetrics {
+ public:
+  GatewayMetrics(Registry& registry, const Config& config) : store(registry, "gateway") {
+    // Route label "-" is traffic no route matched.
+    labels_.push_back("-");
+    for (const Route& r : config.routes) labels_.push_back(r.prefix);
+    for (const std::string& label : labels_) {
+      RouteMetrics m{};
+      for (int o = 0; o < static_cast<int>(Outcome::kCount); ++o) {
+        Labels l = {{"route", label}, {"outcome", std::string(kOutcomeNames[o])}};
+        m.requests[o] = &registry.AddCounter("idemd_requests_total",
+                                             "HTTP requests answered, by route and outcome", l);
+        m.seconds[o] =
+            &registry.AddHistogram("idemd_request_seconds",
+                                   "Time from request read to response ready, by route and "
+                                   "outcome",
+                                   l);
+      }
+      routes_.push_back(m);
+    }
+    upstream_seconds =
+        &registry.AddHistogram("idemd_upstream_seconds", "Time the upstream took to answer");
+    upstream_connects =
+        &registry.AddCounter("idemd_upstream_connections_total", "Upstream connections opened");
+    connections = &registry.AddGauge("idemd_connections", "Client connections open");
+  }
+
+  void Count(const Route* route, const Config& config, Outcome o, std::chrono::nanoseconds d) {
+    std::size_t i = 0;  // "-" unless the route is one of the configured ones
+    for (std::size_t r = 0; r < config.routes.size(); ++r) {
+      if (&config.routes[r] == route) i = r + 1;
+    }
+    routes_[i].requests[static_cast<int>(o)]->Inc();
+    routes_[i].seconds[static_cast<int>(o)]->ObserveDuration(d);
+  }
+
+  Metrics store;
+  Histogram* upstream_seconds;
+  Counter* upstream_connects;
+  Gauge* connections;
+
+ private:
+  std::vector<std::string> labels_;
+  std::vector<RouteMetrics> routes_;
+};
+
+// ---- upstream target ----
+
+struct UpstreamTarget {
+  std::string host;  // for the Host header
+  std::string port;
+  std::string base;  // path prefix prepended to every target, without a trailing '/'
+  tcp::endpoint endpoint;
+};
+
+Result<UpstreamTarget> ResolveUpstream(std::string_view url) {
+  constexpr std::string_view kScheme = "http://";
+  if (!url.starts_with(kScheme)) {
+    return InvalidArgumentError(
+        Cat("upstream: '", url, "' must start with http:// (https is not supported)"));
+  }
+  std::string_view rest = url.substr(kScheme.size());
+  std::string_view authority = rest.substr(0, rest.find('/'));
+  std::string_view path = authority.size() < rest.size() ? rest.substr(authority.size()) : "";
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  auto endpoint = ParseEndpoint(authority);
+  if (!endpoint) {
+    return InvalidArgumentError(Cat("upstream: ", endpoint.error().message()));
+  }
+  UpstreamTarget t;
+  t.host = std::string(authority);
+  t.port = std::to_string(endpoint->port);
+  t.base = std::string(path);
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  boost::system::error_code ec;
+  auto results = resolver.resolve(endpoint->host, t.port, ec);
+  if (ec || results.empty()) {
+    return InvalidArgumentError(
+        Cat("upstream: cannot resolve '", endpoint->host, "': ", ec.message()));
+  }
+  t.endpoint = results.begin()->endpoint();
+  return t;
+}
+
+// Removes hop-by-hop headers and the ones the Connection header names.
+template <class Fields>
+void StripHopByHop(Fields& fields) {
+  std::vector<std::string> named;
+  std::string_view connection(fields[http::field::connection]);
+  while (!connection.empty()) {
+    const std::size_t comma = std::min(connection.find(','), connection.size());
+    const std::string_view token = TrimSpaces(connection.substr(0, comma));
+    if (!token.empty()) named.emplace_back(token);
+    connection.remove_prefix(std::min(comma + 1, connection.size()));
+  }
+  for (auto it = fields.begin(); it != fields.end();) {
+    if (IsHopByHop(std::string_view(it->name_string()))) {
+      it = fields.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const std::string& n : named) fields.erase(n);
+}
+
+std::string KeyHash(std::string_view scope, std::string_view key) {
+  const std::size_t h = std::hash<std::string_view>{}(key) ^
+                        (std::hash<std::string_view>{}(scope)*0x9e3779b97f4a7c15ULL);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016zx", h);
+  return buf;
+}
+
+// ---- per-thread state ----
+
+struct UpstreamResult {
+  std::optional<Response> res{};  // empty: failed
+  bool timeout = false;
+  std::string error{};
+};
+
+// Keep-alive connections to the upstream, owned by one I/O thread: no locks.
+class UpstreamPool {
+ public:
+  UpstreamPool(asio::io_context& io, const UpstreamTarget& target, std::size_t max_idle,
+               GatewayMetrics& metrics)
+      : io_(io), target_(target), max_idle_(max_idle), metrics_(metrics) {}
+
+  // Sends `req` and reads the answer within `timeout`.
+  awaitable<UpstreamResult> Send(Request& req, bool head, std::chrono::milliseconds timeout) {
+    std::unique_ptr<beast::tcp_stream> stream = TakeIdle();
+    if (!stream) {
+      stream = std::make_unique<beast::tcp_stream>(io_);
+      stream->expires_after(timeout);
+      metrics_.upstream_connects->Inc();
+      auto [ec] = co_await stream->async_connect(target_.endpoint, kNoThrow);
+      if (ec) co_return Failure(ec, "connect");
+    }
+    active_.insert(stream.get());
+    struct Untrack {
+      std::set<beast::tcp_stream*>& set;
+      beast::tcp_stream* s;
+      ~Untrack() { set.erase(s); }
+    } untrack{active_, stream.get()};
+
+    stream->expires_after(timeout);
+    if (auto [ec, n] = co_await http::async_write(*stream, req, kNoThrow); ec) {
+      co_return Failure(ec, "write");
+    }
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxUpstreamBody);
+    parser.skip(head);
+    if (auto [ec, n] = co_await http::async_read(*stream, buffer, parser, kNoThrow); ec) {
+      co_return Failure(ec, "read");
+    }
+    Response res = parser.release();
+    stream->expires_never();
+    if (res.keep_alive() && buffer.size() == 0 && !closing_ && idle_.size() < max_idle_) {
+      idle_.push_back(std::move(stream));
+    }
+    co_return UpstreamResult{std::move(res)};
+  }
+
+  // Shutdown: fail every upstream call in flight (their keys are released) and drop idle ones.
+  void CancelAll() {
+    closing_ = true;
+    for (beast::tcp_stream* s : active_) s->socket().close();
+    idle_.clear();
+  }
+
+ private:
+  static UpstreamResult Failure(const boost::system::error_code& ec, std::string_view what) {
+    if (ec == beast::error::timeout) return {{}, true, "upstream did not answer in time"};
+    return {{}, false, Cat("upstream ", what, ": ", ec.message())};
+  }
+
+  // An idle connection the upstream has not closed. A closed one shows as readable with 0
+  // bytes; sending a request on it could not tell "not received" from "received, no answer".
+  std::unique_ptr<beast::tcp_stream> TakeIdle() {
+    while (!idle_.empty()) {
+      std::unique_ptr<beast::tcp_stream> s = std::move(idle_.back());
+      idle_.pop_back();
+      char byte;
+      const ssize_t n = ::recv(s->socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return s;
+    }
+    return nullptr;
+  }
+
+  asio::io_context& io_;
+  const UpstreamTarget& target_;
+  std::size_t max_idle_;
+  GatewayMetrics& metrics_;
+  std::vector<std::unique_ptr<beast::tcp_stream>> idle_;
+  std::set<beast::tcp_stream*> active_;
+  bool closing_ = false;
+};
+
+}  // namespace
+
+// ---- the server ----
+
+struct Server::Impl {
+  Impl(const Config& c, Store& s, Registry& r, UpstreamTarget u)
+      : config(c),
+        store(s),
+        registry(r),
+        upstream(std::move(u)),
+        log(ParseLevel(c.log_level)),
+        metrics(r, c) {}
+
+  struct Worker {
+    asio::io_context io{1};
+    std::optional<tcp::acceptor> acceptor;
+    std::optional<UpstreamPool> pool;
+    std::set<beast::tcp_stream*> idle_sessions;  // waiting for a next request
+    std::thread thread;
+  };
+
+  Config config;
+  Store& store;
+  Registry& registry;
+  UpstreamTarget upstream;
+  Logger log;
+  GatewayMetrics metrics;
+  std::unique_ptr<asio::thread_pool> store_pool;  // null: store calls run inline
+  std::vector<std::unique_ptr<Worker>> workers;
+  asio::io_context admin_io{1};
+  std::optional<tcp::acceptor> admin_acceptor;
+  std::thread admin_thread;
+  Endpoint bound{}, admin_bound{};
+  std::atomic<bool> draining{false};
+  std::atomic<int> busy_requests{0};
+  std::once_flag shutdown_once;
+
+  // Runs a store call where it may block: on the store pool, resuming on the caller's thread.
+  template <class F>
+  awaitable<std::invoke_result_t<F>> OnStore(F f) {
+    using R = std::invoke_result_t<F>;
+    if (!store_pool) co_return f();
+    std::optional<R> result;  // Result<T> has no default constructor, which co_spawn needs
+    co_await asio::co_spawn(
+        store_pool->get_executor(),
+        [&]() -> awaitable<void> {
+          result.emplace(f());
+          co_return;
+        },
+        use_awaitable);
+    co_return std::move(*result);
+  }
+
+  // ---- responses ----
+
+  static Response MakeProblem(const Request& req, const Problem& p) {
+    return MakeProblem(req.version(), p);
+  }
+  static Response MakeProblem(unsigned version, const Problem& p) {
+    Response res{static_cast<http::status>(p.status), version};
+    res.set(http::field::content_type, "application/problem+json");
+    res.body() = ProblemJson(p);
+    return res;
+  }
+
+  Response Unavailable(const Request& req, std::string detail) {
+    Response res = MakeProblem(req, problems::StoreUnavailable(std::move(detail)));
+    res.set(http::field::retry_after, std::to_string(config.retry_after.count()));
+    return res;
+  }
+
+  static Response FromStored(const Request& req, const StoredResponse& stored) {
+    Response res{static_cast<http::status>(stored.status), req.version()};
+    for (const auto& [name, value] : stored.headers) res.insert(name, value);
+    res.body() = stored.body;
+    res.set(kReplayedHeader, "true");
+    return res;
+  }
+
+  StoredResponse ToStored(const Response& res) const {
+    StoredResponse s;
+    s.status = res.result_int();
+    for (const auto& field : res) {
+      std::string_view name(field.name_string());
+      if (field.name() == http::field::content_length || IsHopByHop(name)) continue;
+      bool strip = false;
+      for (const std::string& h : config.strip_headers) strip |= EqualsIgnoreCase(h, name);
+      if (!strip) s.headers.emplace_back(name, std::string_view(field.value()));
+    }
+    s.body_size = res.body().size();
+    if (res.body().size() > config.max_stored_body_bytes) {
+      s.body_omitted = true;
+    } else {
+      s.body = res.body();
+    }
+    return s;
+  }
+
+  // ---- one request ----
+
+  struct Answer {
+    Response res;
+    Outcome outcome;
+    std::string key_hash{};
+    unsigned upstream_status = 0;
+  };
+
+  awaitable<Answer> Handle(Worker& w, Request& req) {
+    const std::string_view target(req.target());
+    const std::string_view path = target.substr(0, target.find('?'));
+    const Route* route = config.RouteFor(path);
+    const std::string_view method(req.method_string());
+    if (route == nullptr || route->key == KeyMode::kOff || !route->Applies(method)) {
+      co_return co_await PassThrough(w, req);
+    }
+    const std::size_t count = req.count(config.key_header);
+    if (count == 0) {
+      if (route->key == KeyMode::kOptional) co_return co_await PassThrough(w, req);
+      co_return Answer{MakeProblem(req, problems::MissingKey()), Outcome::kBadRequest};
+    }
+    if (count > 1) {
+      co_return Answer{MakeProblem(req, problems::InvalidKey(
+                                            Cat("more than one ", config.key_header, " header"))),
+                       Outcome::kBadRequest};
+    }
+    auto key = ParseIdempotencyKey(std::string_view(req[config.key_header]), config.max_key_bytes);
+    if (!key) {
+      co_return Answer{MakeProblem(req, problems::InvalidKey(key.error().message())),
+                       Outcome::kBadRequest};
+    }
+    auto fp = RequestFingerprint(method, target, std::string_view(req[http::field::content_type]),
+                                 req.body());
+    if (!fp) {
+      co_return Answer{MakeProblem(req, problems::InvalidBody(fp.error().message())),
+                       Outcome::kBadRequest};
+    }
+    const std::string scope =
+        PrincipalScope(route->scope, std::string_view(req[config.principal_header]));
+    Answer a = co_await Gate(w, req, *route, scope, *key, *fp);
+    a.key_hash = KeyHash(scope, *key);
+    co_return a;
+  }
+
+  awaitable<Answer> Gate(Worker& w, Request& req, const Route& route, const std::string& scope,
+                         const std::string& key, const Fingerprint& fp) {
+    const auto deadline = SteadyClock::now() + route.wait;
+    auto pause = std::chrono::milliseconds(2);
+    for (;;) {
+      const BeginRequest begin{.scope = scope, .key = key, .fingerprint = fp, .lease = route.lease};
+      const auto t0 = SteadyClock::now();
+      Result<BeginAnswer> answer = co_await OnStore([&] { return store.Begin(begin); });
+      metrics.store.store_begin_seconds->ObserveDuration(SteadyClock::now() - t0);
+      if (!answer) {
+        metrics.store.store_errors->Inc();
+        log.Write(Level::kWarn,
+                  Cat("event=store_error op=begin error=\"", answer.error().ToString(), "\""));
+        co_return Answer{Unavailable(req, "the idempotency store cannot be reached"),
+                         Outcome::kStoreUnavailable};
+      }
+      if (auto* acquired = std::get_if<Acquired>(&*answer)) {
+        metrics.store.begin_acquired->Inc();
+        if (acquired->attempt > 1) metrics.store.takeovers->Inc();
+        co_return co_await Forward(w, req, route, scope, key, *acquired);
+      }
+      if (auto* replay = std::get_if<Replay>(&*answer)) {
+        metrics.store.begin_replay->Inc();
+        auto stored = DecodeStoredResponse(replay->response);
+        if (!stored) {
+          log.Write(Level::kError, Cat("event=stored_response_unreadable error=\"",
+                                       stored.error().ToString(), "\""));
+          co_return Answer{
+              MakeProblem(req, problems::UpstreamFailed("the stored response cannot be read")),
+              Outcome::kReplayed};
+        }
+        if (stored->body_omitted) {
+          Response res = MakeProblem(req, problems::ReplayTooLarge(stored->body_size));
+          res.set(kReplayedHeader, "true");
+          co_return Answer{std::move(res), Outcome::kReplayed, {}, stored->status};
+        }
+        co_return Answer{FromStored(req, *stored), Outcome::kReplayed, {}, stored->status};
+      }
+      if (std::holds_alternative<Busy>(*answer)) {
+        metrics.store.begin_busy->Inc();
+        const auto now = SteadyClock::now();
+        if (route.in_flight == InFlightPolicy::kWait && now + pause < deadline) {
+          asio::steady_timer timer(w.io, pause);
+          co_await timer.async_wait(kNoThrow);
+          pause = std::min(pause * 2, std::chrono::milliseconds(50));
+          continue;
+        }
+        co_return Answer{MakeProblem(req, problems::InFlight(key)), Outcome::kInFlight};
+      }
+      if (std::holds_alternative<Conflict>(*answer)) {
+        metrics.store.begin_conflict->Inc();
+        co_return Answer{MakeProblem(req, problems::KeyReuse(key)), Outcome::kKeyReuse};
+      }
+      metrics.store.begin_stale->Inc();  // records have no versions: not reachable
+      co_return Answer{Unavailable(req, "unexpected store answer"), Outcome::kStoreUnavailable};
+    }
+  }
+
+  // Sends the request upstream as the owner of the key, then stores or releases the outcome.
+  awaitable<Answer> Forward(Worker& w, Request& req, const Route& route, const std::string& scope,
+                            const std::string& key, const Acquired& acquired) {
+    const bool head = req.method() == http::verb::head;
+    PrepareUpstream(req);
+    req.set(kAttemptHeader, std::to_string(acquired.attempt));
+    const auto t0 = SteadyClock::now();
+    UpstreamResult up = co_await w.pool->Send(req, head, config.upstream_timeout);
+    metrics.upstream_seconds->ObserveDuration(SteadyClock::now() - t0);
+    metrics.store.handler_seconds->ObserveDuration(SteadyClock::now() - t0);
+    if (!up.res) {
+      co_await ReleaseKey(scope, key, acquired.token);
+      log.Write(Level::kWarn,
+                Cat("event=upstream_error error=\"", up.error, "\" key_released=true"));
+      co_return UpstreamProblem(req, up);
+    }
+    std::optional<Response>& res = up.res;
+    StripHopByHop(*res);
+    const unsigned status = res->result_int();
+    if (!route.Stores(status)) {
+      co_await ReleaseKey(scope, key, acquired.token);
+      co_return Answer{std::move(*res), Outcome::kReleased, {}, status};
+    }
+    const std::string encoded = EncodeStoredResponse(ToStored(*res));
+    const CompleteRequest complete{.scope = scope,
+                                   .key = key,
+                                   .token = acquired.token,
+                                   .outcome = idem::Outcome::kSuccess,
+                                   .response = encoded,
+                                   .retention = route.retention};
+    const auto t1 = SteadyClock::now();
+    Result<WriteAnswer> done = co_await OnStore([&] { return store.Complete(complete); });
+    metrics.store.store_complete_seconds->ObserveDuration(SteadyClock::now() - t1);
+    if (!done) {
+      // The upstream acted; its answer is the truth for this client. The key stays in progress
+      // until its lease ends, then a retry runs again with the next attempt number.
+      metrics.store.store_errors->Inc();
+      log.Write(Level::kError,
+                Cat("event=completion_lost error=\"", done.error().ToString(), "\""));
+    } else if (*done == WriteAnswer::kLeaseLost) {
+      metrics.store.lease_lost->Inc();
+      log.Write(Level::kWarn,
+                "event=lease_lost detail=\"the upstream took longer than the lease\"");
+    } else {
+      metrics.store.complete_success->Inc();
+    }
+    co_return Answer{std::move(*res), Outcome::kForwarded, {}, status};
+  }
+
+  awaitable<void> ReleaseKey(const std::string& scope, const std::string& key, Token token) {
+    Result<WriteAnswer> r = co_await OnStore([&] { return store.Release(scope, key, token); });
+    if (!r) {
+      metrics.store.store_errors->Inc();
+      log.Write(Level::kError, Cat("event=release_failed error=\"", r.error().ToString(), "\""));
+    } else if (*r == WriteAnswer::kApplied) {
+      metrics.store.releases->Inc();
+    }
+  }
+
+  static Answer UpstreamProblem(const Request& req, const UpstreamResult& up) {
+    return Answer{MakeProblem(req, up.timeout ? problems::UpstreamTimeout()
+                                              : problems::UpstreamFailed(up.error)),
+                  Outcome::kUpstreamError};
+  }
+
+  awaitable<Answer> PassThrough(Worker& w, Request& req) {
+    const bool head = req.method() == http::verb::head;
+    PrepareUpstream(req);
+    UpstreamResult up = co_await w.pool->Send(req, head, config.upstream_timeout);
+    if (!up.res) co_return UpstreamProblem(req, up);
+    std::optional<Response>& res = up.res;
+    StripHopByHop(*res);
+    const unsigned status = res->result_int();
+    co_return Answer{std::move(*res), Outcome::kPassThrough, {}, status};
+  }
+
+  void PrepareUpstream(Request& req) const {
+    StripHopByHop(req);
+    req.set(http::field::host, upstream.host);
+    if (!upstream.base.empty()) {
+      req.target(Cat(upstream.base, std::string_view(req.target())));
+    }
+    req.version(11);
+    req.keep_alive(true);
+    req.prepare_payload();
+  }
+
+  // ---- connections ----
+
+  awaitable<void> Session(Worker& w, tcp::socket socket) {
+    metrics.connections->Add(1);
+    beast::tcp_stream stream(std::move(socket));
+    beast::flat_buffer buffer;
+    for (;;) {
+      if (buffer.size() == 0) {
+        // Idle keep-alive: wait for the first byte of the next request.
+        if (draining.load(std::memory_order_relaxed)) break;
+        w.idle_sessions.insert(&stream);
+        stream.expires_after(config.idle_timeout);
+        auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), kNoThrow);
+        w.idle_sessions.erase(&stream);
+        if (ec) break;
+        buffer.commit(n);
+      }
+      busy_requests.fetch_add(1, std::memory_order_relaxed);
+      const bool keep = co_await ServeOne(w, stream, buffer);
+      busy_requests.fetch_sub(1, std::memory_order_relaxed);
+      if (!keep) break;
+    }
+    boost::system::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    metrics.connections->Add(-1);
+  }
+
+  // Reads one request (the whole of it within client_timeout), answers it; false: close.
+  awaitable<bool> ServeOne(Worker& w, beast::tcp_stream& stream, beast::flat_buffer& buffer) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(config.max_header_bytes));
+    parser.body_limit(config.max_body_bytes);
+    // The whole request must arrive within client_timeout (slow clients hold no thread, but
+    // they must not hold a connection forever either). A timer rather than the stream's own
+    // expiry, which would close the socket before the 408 could be written.
+    stream.expires_never();
+    bool timed_out = false;
+    asio::steady_timer deadline(w.io, config.client_timeout);
+    deadline.async_wait([&](const boost::system::error_code& timer_ec) {
+      if (timer_ec) return;
+      timed_out = true;
+      boost::system::error_code ignored;
+      stream.socket().cancel(ignored);
+    });
+    auto [ec, n] = co_await http::async_read(stream, buffer, parser, kNoThrow);
+    deadline.cancel();
+    if (timed_out && ec) ec = beast::error::timeout;
+    if (ec) {
+      std::optional<Problem> problem;
+      if (ec == http::error::header_limit) {
+        problem = problems::HeadersTooLarge();
+      } else if (ec == http::error::body_limit) {
+        problem = problems::BodyTooLarge(config.max_body_bytes);
+      } else if (ec == beast::error::timeout) {
+        problem = Problem{.status = 408,
+                          .type = "https://idem.dev/problems/request-timeout",
+                          .title = "Request Timeout",
+                          .detail = "the request did not arrive within client_timeout"};
+      } else if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
+                 ec != http::error::end_of_stream && ec != http::error::partial_message) {
+        problem = problems::InvalidBody(Cat("malformed HTTP request: ", ec.message()));
+      }
+      if (problem) {
+        Response res = MakeProblem(11, *problem);
+        res.keep_alive(false);
+        res.prepare_payload();
+        stream.expires_after(config.client_timeout);
+        co_await http::async_write(stream, res, kNoThrow);
+        metrics.Count(nullptr, config, Outcome::kBadRequest, {});
+        log.Write(Level::kInfo, Cat("outcome=bad_request status=", problem->status, " error=\"",
+                                    ec.message(), "\""));
+      }
+      co_return false;
+    }
+    stream.expires_never();
+    const auto t0 = SteadyClock::now();
+    Request req = parser.release();
+    const bool keep = req.keep_alive() && !draining.load(std::memory_order_relaxed);
+    const std::string method(req.method_string());
+    const std::string target(req.target());
+    const Route* route = config.RouteFor(std::string_view(target).substr(0, target.find('?')));
+    const bool head = req.method() == http::verb::head;
+    const unsigned version = req.version();
+    Answer a = co_await Handle(w, req);
+    a.res.version(version);
+    a.res.keep_alive(keep);
+    if (!head) a.res.prepare_payload();
+    const auto elapsed = SteadyClock::now() - t0;
+    metrics.Count(route, config, a.outcome, elapsed);
+    if (log.Enabled(Level::kInfo)) {
+      log.Write(
+          Level::kInfo,
+          Cat("method=", method, " path=\"", target.substr(0, target.find('?')), "\" route=\"",
+              route ? route->prefix : "-", "\" key=", a.key_hash.empty() ? "-" : a.key_hash,
+              " outcome=", kOutcomeNames[static_cast<int>(a.outcome)],
+              " status=", a.res.result_int(), " upstream_status=", a.upstream_status,
+              " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));
+    }
+    stream.expires_after(config.client_timeout);
+    auto [wec, wn] = co_await http::async_write(stream, a.res, kNoThrow);
+    stream.expires_never();
+    co_return !wec && keep;
+  }
+
+  awaitable<void> Accept(Worker& w) {
+    for (;;) {
+      auto [ec, socket] = co_await w.acceptor->async_accept(kNoThrow);
+      if (ec == asio::error::operation_aborted || !w.acceptor->is_open()) co_return;
+      if (ec) {
+        log.Write(Level::kWarn, Cat("event=accept_error error=\"", ec.message(), "\""));
+        asio::steady_timer t(w.io, std::chrono::milliseconds(10));  // e.g. EMFILE: back off
+        co_await t.async_wait(kNoThrow);
+        continue;
+      }
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      asio::co_spawn(w.io, Session(w, std::move(socket)), asio::detached);
+    }
+  }
+
+  // ---- admin ----
+
+  awaitable<void> AdminSession(tcp::socket socket) {
+    beast::tcp_stream stream(std::move(socket));
+    beast::flat_buffer buffer;
+    for (;;) {
+      Request req;
+      stream.expires_after(std::chrono::seconds(30));
+      auto [ec, n] = co_await http::async_read(stream, buffer, req, kNoThrow);
+      if (ec) break;
+      Response res{http::status::ok, req.version()};
+      res.set(http::field::content_type, "text/plain; charset=utf-8");
+      const std::string_view target(req.target());
+      if (target == "/metrics") {
+        res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+        res.body() = registry.RenderPrometheus();
+      } else if (target == "/healthz") {
+        res.body() = "ok\n";
+      } else if (target == "/readyz") {
+        // Ready when the store answers a read. Runs here, on the admin thread.
+        auto probe = store.Get(kReadyProbeScope, "probe");
+        if (probe) {
+          res.body() = draining ? "draining\n" : "ready\n";
+          if (draining) res.result(http::status::service_unavailable);
+        } else {
+          res.result(http::status::service_unavailable);
+          res.body() = Cat("store unavailable: ", probe.error().ToString(), "\n");
+        }
+      } else {
+        res.result(http::status::not_found);
+        res.body() = "not found: try /metrics, /healthz or /readyz\n";
+      }
+      res.keep_alive(req.keep_alive());
+      res.prepare_payload();
+      auto [wec, wn] = co_await http::async_write(stream, res, kNoThrow);
+      if (wec || !req.keep_alive()) break;
+    }
+    boost::system::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  awaitable<void> AdminAccept() {
+    for (;;) {
+      auto [ec, socket] = co_await admin_acceptor->async_accept(kNoThrow);
+      if (ec == asio::error::operation_aborted || !admin_acceptor->is_open()) co_return;
+      if (ec) continue;
+      asio::co_spawn(admin_io, AdminSession(std::move(socket)), asio::detached);
+    }
+  }
+
+  // ---- lifecycle ----
+
+  Result<tcp::endpoint> Bind(tcp::acceptor& acceptor, const Endpoint& at, bool reuse_port) {
+    boost::system::error_code ec;
+    auto address = asio::ip::make_address(at.host, ec);
+    if (ec) {
+      asio::io_context io;
+      tcp::resolver resolver(io);
+      auto results = resolver.resolve(at.host, std::to_string(at.port), ec);
+      if (ec || results.empty()) {
+        return InvalidArgumentError(Cat("cannot resolve '", at.host, "'"));
+      }
+      address = results.begin()->endpoint().address();
+    }
+    const tcp::endpoint endpoint(address, at.port);
+    acceptor.open(endpoint.protocol(), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && reuse_port) {
+      acceptor.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true), ec);
+    }
+    if (!ec) acceptor.bind(endpoint, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return UnavailableError(Cat("cannot listen on ", at.host, ":", at.port, ": ", ec.message()));
+    }
+    return acceptor.local_endpoint();
+  }
+
+  Status Start() {
+    std::size_t threads = config.threads;
+    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    if (config.store_threads > 0 && store.Name() != "memory") {
+      store_pool = std::make_unique<asio::thread_pool>(config.store_threads);
+    }
+    const std::size_t idle_per_thread =
+        std::max<std::size_t>(1, config.upstream_connections / threads);
+    Endpoint listen_at = config.listen;
+    for (std::size_t i = 0; i < threads; ++i) {
+      auto w = std::make_unique<Worker>();
+      w->acceptor.emplace(w->io);
+      auto bound_at = Bind(*w->acceptor, listen_at, true);
+      if (!bound_at) return bound_at.error();
+      if (i == 0) {
+        listen_at.port = bound_at->port();  // port 0: every thread binds the one it got
+        bound = Endpoint{bound_at->address().to_string(), bound_at->port()};
+      }
+      w->pool.emplace(w->io, upstream, idle_per_thread, metrics);
+      workers.push_back(std::move(w));
+    }
+    admin_acceptor.emplace(admin_io);
+    auto admin_at = Bind(*admin_acceptor, config.admin, false);
+    if (!admin_at) return admin_at.error();
+    admin_bound = Endpoint{admin_at->address().to_string(), admin_at->port()};
+
+    for (auto& w : workers) {
+      asio::co_spawn(w->io, Accept(*w), asio::detached);
+      Worker* raw = w.get();
+      w->thread = std::thread([raw] { raw->io.run(); });
+    }
+    asio::co_spawn(admin_io, AdminAccept(), asio::detached);
+    admin_thread = std::thread([this] { admin_io.run(); });
+    log.Write(Level::kInfo, Cat("event=started listen=", bound.host, ":", bound.port, " admin=",
+                                admin_bound.host, ":", admin_bound.port, " threads=", threads,
+                                " store=", store.Name(), " upstream=", config.upstream));
+    return OkStatus();
+  }
+
+  void Shutdown() {
+    std::call_once(shutdown_once, [this] {
+      draining = true;
+      log.Write(Level::kInfo, "event=draining");
+      for (auto& w : workers) {
+        Worker* raw = w.get();
+        asio::post(raw->io, [raw] {
+          boost::system::error_code ignored;
+          if (raw->acceptor) raw->acceptor->close(ignored);
+          for (beast::tcp_stream* s : raw->idle_sessions) s->socket().cancel(ignored);
+        });
+      }
+      const auto grace_end = SteadyClock::now() + config.shutdown_grace;
+      while (busy_requests.load() > 0 && SteadyClock::now() < grace_end) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (const int left = busy_requests.load(); left > 0) {
+        log.Write(Level::kWarn, Cat("event=shutdown_cancel in_flight=", left,
+                                    " detail=\"grace over: upstream calls cancelled, "
+                                    "keys released\""));
+        for (auto& w : workers) {
+          Worker* raw = w.get();
+          asio::post(raw->io, [raw] { raw->pool->CancelAll(); });
+        }
+        const auto cancel_end = SteadyClock::now() + std::chrono::seconds(5);
+        while (busy_requests.load() > 0 && SteadyClock::now() < cancel_end) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+      for (auto& w : workers) w->io.stop();
+      for (auto& w : workers) {
+        if (w->thread.joinable()) w->thread.join();
+      }
+      admin_io.stop();
+      if (admin_thread.joinable()) admin_thread.join();
+      if (store_pool) store_pool->join();
+      log.Write(Level::kInfo, "event=stopped");
+    });
+  }
+};
+
+Result<std::unique_ptr<Server>> Server::Start(const Config& config, Store& store,
+                                              Registry& registry) {
+  auto upstream = ResolveUpstream(config.upstream);
+  if (!upstream) return upstream.error();
+  auto impl = std::make_unique<Impl>(config, store, registry, std::move(*upstream));
+  if (Status s = impl->Start(); !s.ok()) {
+    impl->Shutdown();
+    return s;
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Shutdown(); }
+Endpoint Server::listening() const { return impl_->bound; }
+Endpoint Server::admin() const { return impl_->admin_bound; }
+void Server::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace idem::gateway

@@ -1,0 +1,77 @@
+// idemd: the Idempotency-Key gateway in front of one upstream HTTP API (SPEC §6).
+//
+//   idemd --config idemd.toml
+//   idemd --upstream http://127.0.0.1:9000 --store log:/var/lib/idemd --listen 0.0.0.0:8080
+//
+// When both listeners are bound it prints one line to stdout,
+//   idemd listening on HOST:PORT admin HOST:PORT
+// and serves until SIGTERM or SIGINT, then shuts down gracefully (server.h).
+// Exit status: 0 after a clean stop, 1 when the store or a listener cannot be opened, 2 for a
+// bad command line or configuration.
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "cli/store_url.h"
+#include "gateway/config.h"
+#include "gateway/server.h"
+#include "idem/metrics.h"
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+
+int Run(int argc, char** argv) {
+  auto command_line = idem::gateway::ParseCommandLine(argc, argv);
+  if (!command_line) {
+    std::cerr << "idemd: " << command_line.error().message() << "\nRun 'idemd --help'.\n";
+    return kExitUsage;
+  }
+  if (!command_line->config) {
+    std::cout << idem::gateway::HelpText();
+    return 0;
+  }
+  const idem::gateway::Config& config = *command_line->config;
+  auto store_config = idem::ParseStoreUrl(config.store);
+  if (!store_config) {
+    std::cerr << "idemd: store: " << store_config.error().message() << "\n";
+    return kExitUsage;
+  }
+
+  // Every thread the server starts inherits this mask; the main thread takes the signals.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto store = idem::OpenStore(*store_config);
+  if (!store) {
+    std::cerr << "idemd: cannot open the store '" << config.store
+              << "': " << store.error().ToString() << "\n";
+    return kExitRuntime;
+  }
+  idem::Registry registry;
+  auto server = idem::gateway::Server::Start(config, **store, registry);
+  if (!server) {
+    std::cerr << "idemd: " << server.error().message() << "\n";
+    return server.error().code() == idem::StatusCode::kInvalidArgument ? kExitUsage : kExitRuntime;
+  }
+  const auto listen = (*server)->listening();
+  const auto admin = (*server)->admin();
+  std::printf("idemd listening on %s:%u admin %s:%u\n", listen.host.c_str(), listen.port,
+              admin.host.c_str(), admin.port);
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

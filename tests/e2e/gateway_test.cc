@@ -1,0 +1,583 @@
+// End-to-end tests of idemd (SPEC §6): the ledger (examples/ledger) and idemd run as real
+// processes on loopback, and a test client drives them. Each test checks what the client sees
+// and what the ledger recorded, so a double execution shows up as a second charge.
+//
+// The store-failure tests run the same server in process (gateway::Server) over a FaultyStore,
+// since no real store can be made to fail on demand from outside.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gateway/config.h"
+#include "gateway/server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "idem/stores/memory.h"
+#include "tests/support/faulty_store.h"
+#include "tests/support/http_client.h"
+#include "tests/support/process.h"
+
+namespace idem::testing {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr std::string_view kCharge = R"({"account":"acc-1","amount":1250})";
+
+std::filesystem::path MakeTempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "idemd-e2e.XXXXXX").string();
+  const char* dir = ::mkdtemp(tmpl.data());
+  return dir != nullptr ? std::filesystem::path(dir) : std::filesystem::path();
+}
+
+int CountIn(const std::string& body) {  // {"count":N}
+  const auto at = body.find("\"count\":");
+  return at == std::string::npos ? -1 : std::atoi(body.c_str() + at + 8);
+}
+
+HttpHeaders KeyHeaders(std::string_view key) {
+  return {{"Idempotency-Key", std::string(key)}, {"Content-Type", "application/json"}};
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
+    ASSERT_NO_FATAL_FAILURE(StartLedger());
+  }
+
+  void TearDown() override {
+    if (idemd_) {
+      EXPECT_TRUE(idemd_->Running()) << "idemd died; stderr:\n" << idemd_->Stderr();
+    }
+    idemd_.reset();
+    ledger_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void StartLedger() {
+    auto child =
+        ChildProcess::Spawn(IDEM_LEDGER_PATH, {"--listen", "127.0.0.1:0", "--threads", "2"});
+    ASSERT_TRUE(child.has_value()) << child.status().ToString();
+    ledger_.emplace(std::move(*child));
+    auto line = ledger_->WaitForLine("ledger listening on ", 30s);
+    ASSERT_TRUE(line.has_value()) << line.status().ToString();
+    auto port = ParseListeningPort(*line);
+    ASSERT_TRUE(port.has_value());
+    ledger_port_ = *port;
+  }
+
+  std::vector<std::string> BaseArgs() const {
+    return {"--listen",    "127.0.0.1:0", "--admin",
+            "127.0.0.1:0", "--upstream",  "http://127.0.0.1:" + std::to_string(ledger_port_),
+            "--store",     store_url_,    "--threads",
+            "2",           "--log-level", "warn"};
+  }
+
+  // Starts idemd with BaseArgs() + extra (later flags win).
+  void StartIdemd(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = BaseArgs();
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto child = ChildProcess::Spawn(IDEMD_PATH, args);
+    ASSERT_TRUE(child.has_value()) << child.status().ToString();
+    idemd_.emplace(std::move(*child));
+    auto line = idemd_->WaitForLine("idemd listening on ", 30s);
+    ASSERT_TRUE(line.has_value()) << line.status().ToString();
+    auto port = ParseListeningPort(*line);
+    auto admin = ParsePortAfter(*line, "admin");
+    ASSERT_TRUE(port.has_value() && admin.has_value()) << *line;
+    port_ = *port;
+    admin_port_ = *admin;
+  }
+
+  // Writes a TOML config into the test's directory and returns its path.
+  std::string WriteConfig(const std::string& toml) {
+    const auto path = dir_ / "idemd.toml";
+    std::ofstream(path) << toml;
+    return path.string();
+  }
+
+  HttpResponse Send(std::string_view method, std::string_view target, const HttpHeaders& headers,
+                    std::string_view body = {}) {
+    auto r = HttpRequest(port_, method, target, headers, body);
+    EXPECT_TRUE(r.has_value()) << r.status().ToString() << "\nidemd stderr:\n"
+                               << (idemd_ ? idemd_->Stderr() : "");
+    return r.has_value() ? *r : HttpResponse{};
+  }
+
+  HttpResponse Charge(std::string_view key, std::string_view body = kCharge,
+                      HttpHeaders extra = {}) {
+    HttpHeaders h = KeyHeaders(key);
+    h.insert(h.end(), extra.begin(), extra.end());
+    return Send("POST", "/charges", h, body);
+  }
+
+  int LedgerCharges() {
+    auto r = HttpRequest(ledger_port_, "GET", "/charges/count");
+    EXPECT_TRUE(r.has_value()) << r.status().ToString();
+    return r.has_value() ? CountIn(r->body) : -1;
+  }
+
+  std::filesystem::path dir_;
+  std::string store_url_ = "memory:";
+  std::optional<ChildProcess> ledger_;
+  std::optional<ChildProcess> idemd_;
+  std::uint16_t ledger_port_ = 0, port_ = 0, admin_port_ = 0;
+};
+
+TEST_F(GatewayTest, FirstRequestIsForwardedAndARetryReplaysIt) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse first = Charge("order-1");
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_FALSE(first.HasHeader("Idempotent-Replayed"));
+  EXPECT_THAT(first.body, HasSubstr("\"idempotency_key\":\"order-1\""));
+
+  const HttpResponse retry = Charge("order-1");
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(retry.body, first.body);
+  EXPECT_EQ(retry.Header("Content-Type"), first.Header("Content-Type"));
+  EXPECT_EQ(LedgerCharges(), 1);
+
+  // Re-serialised JSON is the same request (RFC 8785 fingerprint).
+  const HttpResponse reordered = Charge("order-1", R"({ "amount": 1250, "account": "acc-1" })");
+  EXPECT_EQ(reordered.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, KeyReusedForADifferentRequestIs422) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  ASSERT_EQ(Charge("order-2").status, 201);
+  const HttpResponse other_body = Charge("order-2", R"({"account":"acc-1","amount":9999})");
+  EXPECT_EQ(other_body.status, 422);
+  EXPECT_EQ(other_body.Header("Content-Type"), "application/problem+json");
+  EXPECT_THAT(other_body.body, HasSubstr("\"status\":422"));
+  const HttpResponse other_path = Send("POST", "/charges?x=1", KeyHeaders("order-2"), kCharge);
+  EXPECT_EQ(other_path.status, 422);
+  const HttpResponse other_method = Send("PATCH", "/charges", KeyHeaders("order-2"), kCharge);
+  EXPECT_EQ(other_method.status, 422);
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, MissingOrMalformedKeysAre400AndNeverReachTheUpstream) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--max-key-bytes", "16"}));
+  const HttpHeaders json = {{"Content-Type", "application/json"}};
+  const HttpResponse missing = Send("POST", "/charges", json, kCharge);
+  EXPECT_EQ(missing.status, 400);
+  EXPECT_EQ(missing.Header("Content-Type"), "application/problem+json");
+
+  for (const std::string& bad :
+       {std::string(""), std::string("\"\""), std::string("\"abc"), std::string(17, 'k'),
+        std::string("\"a\\b\""), std::string("k\xff\xfe"), std::string("\"caf\xc3\xa9\""),
+        std::string("a b"), std::string("\"x\";p=1")}) {
+    const HttpResponse r = Charge(bad);
+    EXPECT_EQ(r.status, 400) << "key [" << bad << "]: " << r.body;
+  }
+  HttpHeaders twice = KeyHeaders("k1");
+  twice.emplace_back("Idempotency-Key", "k2");
+  EXPECT_EQ(Send("POST", "/charges", twice, kCharge).status, 400);
+  EXPECT_EQ(Send("POST", "/charges", KeyHeaders("k3"), "{not json").status, 400);
+
+  // Both forms of a good key work: sf-string and bare token name the same key.
+  EXPECT_EQ(Charge("\"k-16-bytes-long\"").status, 201);
+  EXPECT_EQ(Charge("k-16-bytes-long").Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, IdempotentMethodsPassThroughUntouched) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  ASSERT_EQ(Charge("order-3").status, 201);
+  const HttpResponse list = Send("GET", "/charges", {});
+  EXPECT_EQ(list.status, 200);
+  EXPECT_THAT(list.body, HasSubstr("order-3"));
+  EXPECT_FALSE(list.HasHeader("Idempotent-Replayed"));
+  EXPECT_EQ(Send("GET", "/charges/count", {}).body, Send("GET", "/charges/count", {}).body);
+}
+
+TEST_F(GatewayTest, RetryWhileTheFirstIsUpstreamIs409) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  std::thread slow([&] {
+    const HttpResponse r = Charge("order-4", kCharge, {{"X-Ledger-Delay-Ms", "1500"}});
+    EXPECT_EQ(r.status, 201);
+  });
+  std::this_thread::sleep_for(300ms);
+  const HttpResponse busy = Charge("order-4");
+  EXPECT_EQ(busy.status, 409) << busy.body;
+  EXPECT_EQ(busy.Header("Content-Type"), "application/problem+json");
+  slow.join();
+  EXPECT_EQ(Charge("order-4").Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+// 50 clients at once with one key: the ledger is called once.
+TEST_F(GatewayTest, FiftyConcurrentRequestsWithOneKeyCallTheUpstreamOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  std::atomic<int> created{0}, conflicts{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 50; ++i) {
+    clients.emplace_back([&] {
+      auto r = HttpRequest(port_, "POST", "/charges",
+                           {{"Idempotency-Key", "hot"}, {"X-Ledger-Delay-Ms", "200"}}, kCharge);
+      if (!r) {
+        ++other;
+      } else if (r->status == 201) {
+        ++created;
+      } else if (r->status == 409) {
+        ++conflicts;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GE(created.load(), 1);  // the first, and retries that came after it finished
+  EXPECT_EQ(created.load() + conflicts.load(), 50);
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+// The same in wait mode: every client gets the one response.
+TEST_F(GatewayTest, InWaitModeConcurrentDuplicatesAllGetTheFirstResponse) {
+  const std::string config = WriteConfig(R"(
+[[route]]
+prefix = "/charges"
+methods = ["POST"]
+in_flight = "wait"
+wait = "10s"
+)");
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--config", config}));
+  std::vector<std::string> bodies(50);
+  std::vector<int> statuses(50);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 50; ++i) {
+    clients.emplace_back([&, i] {
+      auto r = HttpRequest(port_, "POST", "/charges",
+                           {{"Idempotency-Key", "hot"}, {"X-Ledger-Delay-Ms", "300"}}, kCharge);
+      if (r) {
+        statuses[i] = r->status;
+        bodies[i] = r->body;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(statuses[i], 201) << i;
+    EXPECT_EQ(bodies[i], bodies[0]) << i;
+  }
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, UpstreamFailureReleasesTheKeySoARetryRunsAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse failed = Charge("order-5", kCharge, {{"X-Ledger-Status", "503"}});
+  EXPECT_EQ(failed.status, 503);
+  EXPECT_FALSE(failed.HasHeader("Idempotent-Replayed"));
+  EXPECT_EQ(LedgerCharges(), 0);
+  const HttpResponse retry = Charge("order-5");
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
+  EXPECT_EQ(Charge("order-5").Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, ClientErrorsFromTheUpstreamAreStoredAndReplayed) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse rejected = Charge("order-6", kCharge, {{"X-Ledger-Status", "402"}});
+  EXPECT_EQ(rejected.status, 402);
+  const HttpResponse retry = Charge("order-6");
+  EXPECT_EQ(retry.status, 402);
+  EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 0);
+}
+
+TEST_F(GatewayTest, UpstreamTimeoutIs504AndReleasesTheKey) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream-timeout", "300ms"}));
+  const HttpResponse slow = Charge("order-7", kCharge, {{"X-Ledger-Delay-Ms", "2000"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  const HttpResponse retry = Charge("order-7");
+  EXPECT_NE(retry.status, 409);  // released, not held until the lease ends
+}
+
+TEST_F(GatewayTest, UpstreamDownIs502AndTheKeyIsReleased) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  ASSERT_TRUE(ledger_->Kill(SIGKILL).ok());
+  ASSERT_TRUE(ledger_->Wait(10s).has_value());
+  const HttpResponse down = Charge("order-8");
+  EXPECT_EQ(down.status, 502) << down.body;
+  ASSERT_NO_FATAL_FAILURE(StartLedger());
+  // idemd still points at the old port; the key must not be stuck in progress either way.
+  EXPECT_EQ(Charge("order-8").status, 502);
+}
+
+TEST_F(GatewayTest, PrincipalsNeverSeeEachOthersResponses) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse alice =
+      Charge("shared-key", R"({"account":"alice","amount":1})", {{"Authorization", "Bearer a"}});
+  const HttpResponse bob =
+      Charge("shared-key", R"({"account":"bob","amount":2})", {{"Authorization", "Bearer b"}});
+  EXPECT_EQ(alice.status, 201);
+  EXPECT_EQ(bob.status, 201);  // not 422: a different principal's key
+  EXPECT_FALSE(bob.HasHeader("Idempotent-Replayed"));
+  EXPECT_THAT(bob.body, HasSubstr("bob"));
+  const HttpResponse alice_again =
+      Charge("shared-key", R"({"account":"alice","amount":1})", {{"Authorization", "Bearer a"}});
+  EXPECT_EQ(alice_again.body, alice.body);
+  EXPECT_EQ(LedgerCharges(), 2);
+}
+
+TEST_F(GatewayTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd(
+      {"--max-body-bytes", "1024", "--max-header-bytes", "2048", "--client-timeout", "1s"}));
+  // A slow client that never finishes its headers holds no thread.
+  auto slow = HttpConnection::Connect("127.0.0.1", port_);
+  ASSERT_TRUE(slow.has_value());
+  ASSERT_TRUE(slow->RawSend("POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: s").ok());
+
+  EXPECT_EQ(Charge("big", std::string(2000, ' ') + std::string(kCharge)).status, 413);
+  EXPECT_EQ(Charge("hdr", kCharge, {{"X-Filler", std::string(4000, 'x')}}).status, 431);
+  auto garbage = HttpConnection::Connect("127.0.0.1", port_);
+  ASSERT_TRUE(garbage.has_value());
+  ASSERT_TRUE(garbage->RawSend("NOT HTTP AT ALL\r\n\r\n").ok());
+  auto garbage_answer = garbage->ReadResponse();
+  ASSERT_TRUE(garbage_answer.has_value()) << garbage_answer.status().ToString();
+  EXPECT_EQ(garbage_answer->status, 400);
+
+  EXPECT_EQ(Charge("fine").status, 201);  // others are served meanwhile
+
+  auto timed_out = slow->ReadResponse();  // client_timeout: 408, then closed
+  ASSERT_TRUE(timed_out.has_value()) << timed_out.status().ToString();
+  EXPECT_EQ(timed_out->status, 408);
+  auto closed = slow->WaitForClose(5s);
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_TRUE(*closed);
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, AdminServesMetricsHealthAndReadiness) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  ASSERT_EQ(Charge("m-1").status, 201);
+  ASSERT_EQ(Charge("m-1").status, 201);
+  auto health = HttpRequest(admin_port_, "GET", "/healthz");
+  ASSERT_TRUE(health.has_value());
+  EXPECT_EQ(health->status, 200);
+  auto ready = HttpRequest(admin_port_, "GET", "/readyz");
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->status, 200);
+  auto metrics = HttpRequest(admin_port_, "GET", "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_requests_total{route=\"-\",outcome=\"forwarded\"} 1"));
+  EXPECT_THAT(metrics->body, HasSubstr("idemd_requests_total{route=\"-\",outcome=\"replayed\"} 1"));
+  EXPECT_THAT(metrics->body, HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"replay\"} 1"));
+  EXPECT_THAT(metrics->body, HasSubstr("idemd_request_seconds_bucket"));
+}
+
+TEST_F(GatewayTest, KillNineAfterTheUpstreamAnsweredThenARetryReplays) {
+  store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  // The client sends and never reads the answer; idemd is killed once the ledger has the
+  // charge and has had time to store the outcome.
+  auto client = HttpConnection::Connect("127.0.0.1", port_);
+  ASSERT_TRUE(client.has_value());
+  ASSERT_TRUE(client
+                  ->RawSend("POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: crash-1\r\n"
+                            "Content-Type: application/json\r\nContent-Length: " +
+                            std::to_string(kCharge.size()) + "\r\n\r\n" + std::string(kCharge))
+                  .ok());
+  for (int i = 0; i < 500 && LedgerCharges() < 1; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(LedgerCharges(), 1);
+  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(idemd_->Kill(SIGKILL).ok());
+  ASSERT_TRUE(idemd_->Wait(10s).has_value());
+  idemd_.reset();
+
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse retry = Charge("crash-1");
+  EXPECT_EQ(retry.status, 201) << retry.body;
+  EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+// kill -9 at random moments around the upstream call: whatever the moment, a retry never
+// charges twice while the lease runs (it replays, or is told the first is still in flight).
+TEST_F(GatewayTest, KillNineAtRandomMomentsNeverChargesTwice) {
+  store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  std::mt19937 rng(std::random_device{}());
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_NO_FATAL_FAILURE(StartIdemd());
+    const std::string key = "crash-r" + std::to_string(round);
+    const int before = LedgerCharges();
+    auto client = HttpConnection::Connect("127.0.0.1", port_);
+    ASSERT_TRUE(client.has_value());
+    ASSERT_TRUE(client
+                    ->RawSend("POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + key +
+                              "\r\nContent-Type: application/json\r\nContent-Length: " +
+                              std::to_string(kCharge.size()) + "\r\n\r\n" + std::string(kCharge))
+                    .ok());
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20'000));
+    ASSERT_TRUE(idemd_->Kill(SIGKILL).ok());
+    ASSERT_TRUE(idemd_->Wait(10s).has_value());
+    idemd_.reset();
+    const int after_crash = LedgerCharges();
+    ASSERT_NO_FATAL_FAILURE(StartIdemd());
+    const HttpResponse retry = Charge(key);
+    // Killed before the key was taken: the retry runs (201). Killed while the first was in
+    // flight: 409 until its lease ends. Killed after it completed: a replay (201 + header).
+    EXPECT_THAT(retry.status, AnyOf(201, 409)) << retry.body;
+    if (after_crash > before && retry.status == 201) {
+      EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+    }
+    std::this_thread::sleep_for(100ms);
+    EXPECT_LE(LedgerCharges(), before + 1) << "round " << round;
+    ASSERT_TRUE(idemd_->Kill(SIGTERM).ok());
+    ASSERT_TRUE(idemd_->Wait(20s).has_value());
+    idemd_.reset();
+  }
+}
+
+TEST_F(GatewayTest, SigtermFinishesRequestsInFlightAndExitsZero) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  std::thread slow([&] {
+    const HttpResponse r = Charge("drain-1", kCharge, {{"X-Ledger-Delay-Ms", "700"}});
+    EXPECT_EQ(r.status, 201);
+  });
+  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(idemd_->Kill(SIGTERM).ok());
+  slow.join();
+  auto status = idemd_->Wait(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << idemd_->Stderr();
+  idemd_.reset();
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayTest, SigtermReleasesKeysWhoseUpstreamDoesNotAnswerInTime) {
+  store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--shutdown-grace", "200ms"}));
+  std::thread slow([&] {
+    auto r = HttpRequest(port_, "POST", "/charges",
+                         {{"Idempotency-Key", "drain-2"}, {"X-Ledger-Delay-Ms", "5000"}}, kCharge);
+    if (r) {
+      EXPECT_NE(r->status, 201);
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(idemd_->Kill(SIGTERM).ok());
+  auto status = idemd_->Wait(20s);
+  slow.join();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0);
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  // Released: the retry runs (201, attempt 2), it is not held as in flight until the lease ends.
+  const HttpResponse retry = Charge("drain-2");
+  EXPECT_EQ(retry.status, 201) << retry.body;
+  EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
+}
+
+TEST_F(GatewayTest, StoredBodyLimitCompletesTheKeyAndReplaysAClearError) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--max-stored-body-bytes", "16"}));
+  const HttpResponse first = Charge("big-answer");
+  EXPECT_EQ(first.status, 201);  // the client that caused it gets the whole body
+  const HttpResponse retry = Charge("big-answer");
+  EXPECT_EQ(retry.status, 502);
+  EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(retry.Header("Content-Type"), "application/problem+json");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST(IdemdCommandLine, BadConfigExitsTwoNamingFileLineAndOption) {
+  const auto dir = MakeTempDir();
+  const auto path = (dir / "bad.toml").string();
+  std::ofstream(path) << "listen = \"127.0.0.1:0\"\nmax_body_bytes = \"lots\"\n";
+  auto child = ChildProcess::Spawn(IDEMD_PATH, {"--config", path});
+  ASSERT_TRUE(child.has_value());
+  auto status = child->Wait(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 2);
+  EXPECT_THAT(child->Stderr(), HasSubstr(path + ":2"));
+  EXPECT_THAT(child->Stderr(), HasSubstr("max_body_bytes"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IdemdCommandLine, HelpExitsZero) {
+  auto child = ChildProcess::Spawn(IDEMD_PATH, {"--help"});
+  ASSERT_TRUE(child.has_value());
+  auto status = child->Wait(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0);
+  EXPECT_THAT(child->Stdout(), HasSubstr("--upstream"));
+}
+
+// ---- in process, over a store that fails on demand ----
+
+class GatewayStoreFailureTest : public GatewayTest {
+ protected:
+  void StartServer() {
+    gateway::Config config;
+    config.listen = {"127.0.0.1", 0};
+    config.admin = {"127.0.0.1", 0};
+    config.upstream = "http://127.0.0.1:" + std::to_string(ledger_port_);
+    config.threads = 1;
+    config.log_level = "error";
+    auto server = gateway::Server::Start(config, faulty_, registry_);
+    ASSERT_TRUE(server.has_value()) << server.status().ToString();
+    server_ = std::move(*server);
+    port_ = server_->listening().port;
+    admin_port_ = server_->admin().port;
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    GatewayTest::TearDown();
+  }
+
+  std::unique_ptr<Store> memory_ = NewMemoryStore();
+  FaultyStore faulty_{*memory_};
+  Registry registry_;
+  std::unique_ptr<gateway::Server> server_;
+};
+
+TEST_F(GatewayStoreFailureTest, StoreDownIs503WithRetryAfterAndTheUpstreamIsNotCalled) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  faulty_.Fail(FaultyStore::kAll);
+  const HttpResponse down = Charge("s-1");
+  EXPECT_EQ(down.status, 503);
+  EXPECT_FALSE(down.Header("Retry-After").empty());
+  EXPECT_EQ(down.Header("Content-Type"), "application/problem+json");
+  auto ready = HttpRequest(admin_port_, "GET", "/readyz");
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->status, 503);
+  EXPECT_EQ(LedgerCharges(), 0);
+
+  faulty_.Heal();  // service resumes without operator action
+  EXPECT_EQ(Charge("s-1").status, 201);
+  EXPECT_EQ(Charge("s-1").Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKeyInFlight) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  faulty_.Fail(FaultyStore::kComplete);
+  const HttpResponse first = Charge("s-2");
+  EXPECT_EQ(first.status, 201);  // the upstream acted: its answer is the truth
+  faulty_.Heal();
+  EXPECT_EQ(Charge("s-2").status, 409);  // held until the lease ends, never run twice meanwhile
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
+}  // namespace
+}  // namespace idem::testing
