@@ -43,7 +43,7 @@ start() {
   exit 1
 }
 
-start ledger "$bin/examples/ledger/ledger" --listen "127.0.0.1:$ledger_port"
+start ledger "$bin/examples/ledger" --listen "127.0.0.1:$ledger_port"
 start idemd "$bin/src/idemd/idemd" --listen "127.0.0.1:$idemd_port" \
   --admin "127.0.0.1:$admin_port" --upstream "http://127.0.0.1:$ledger_port" \
   --store "log:$data/store?sync=always"

@@ -261,6 +261,41 @@ void StripHopByHop(Fields& fields) {
   for (const std::string& n : named) fields.erase(n);
 }
 
+// The message as it goes on the wire, in one buffer: Beast's serializer walks a buffer
+// sequence per field, which costs more than the copy for messages of this size. The message
+// must have its Content-Length (prepare_payload) or be bodiless by its status.
+template <bool kIsRequest>
+std::string Serialize(const http::message<kIsRequest, http::string_body>& m, bool with_body) {
+  std::string out;
+  out.reserve(256 + m.body().size());
+  const std::string_view version = m.version() == 10 ? "HTTP/1.0" : "HTTP/1.1";
+  if constexpr (kIsRequest) {
+    Append(out, std::string_view(m.method_string()));
+    out += ' ';
+    Append(out, std::string_view(m.target()));
+    out += ' ';
+    out += version;
+  } else {
+    out += version;
+    out += ' ';
+    Append(out, m.result_int());
+    out += ' ';
+    std::string_view reason(m.reason());
+    if (reason.empty()) reason = std::string_view(http::obsolete_reason(m.result()));
+    out += reason;
+  }
+  out += "\r\n";
+  for (const auto& field : m) {
+    Append(out, std::string_view(field.name_string()));
+    out += ": ";
+    Append(out, std::string_view(field.value()));
+    out += "\r\n";
+  }
+  out += "\r\n";
+  if (with_body) out += m.body();
+  return out;
+}
+
 std::string KeyHash(std::string_view scope, std::string_view key) {
   const std::size_t h = std::hash<std::string_view>{}(key) ^
                         (std::hash<std::string_view>{}(scope)*0x9e3779b97f4a7c15ULL);
@@ -286,36 +321,38 @@ class UpstreamPool {
 
   // Sends `req` and reads the answer within `timeout`.
   awaitable<UpstreamResult> Send(Request& req, bool head, std::chrono::milliseconds timeout) {
-    std::unique_ptr<beast::tcp_stream> stream = TakeIdle();
-    if (!stream) {
-      stream = std::make_unique<beast::tcp_stream>(io_);
-      stream->expires_after(timeout);
+    std::unique_ptr<Connection> conn = TakeIdle();
+    if (!conn) {
+      conn = std::make_unique<Connection>(io_);
+      conn->stream.expires_after(timeout);
       metrics_.upstream_connects->Inc();
-      auto [ec] = co_await stream->async_connect(target_.endpoint, kNoThrow);
+      auto [ec] = co_await conn->stream.async_connect(target_.endpoint, kNoThrow);
       if (ec) co_return Failure(ec, "connect");
     }
-    active_.insert(stream.get());
+    beast::tcp_stream& stream = conn->stream;
+    active_.insert(&stream);
     struct Untrack {
       std::set<beast::tcp_stream*>& set;
       beast::tcp_stream* s;
       ~Untrack() { set.erase(s); }
-    } untrack{active_, stream.get()};
+    } untrack{active_, &stream};
 
-    stream->expires_after(timeout);
-    if (auto [ec, n] = co_await http::async_write(*stream, req, kNoThrow); ec) {
+    stream.expires_after(timeout);
+    const std::string wire = Serialize(req, true);
+    if (auto [ec, n] = co_await asio::async_write(stream, asio::buffer(wire), kNoThrow); ec) {
       co_return Failure(ec, "write");
     }
-    beast::flat_buffer buffer;
     http::response_parser<http::string_body> parser;
     parser.body_limit(kMaxUpstreamBody);
     parser.skip(head);
-    if (auto [ec, n] = co_await http::async_read(*stream, buffer, parser, kNoThrow); ec) {
+    if (auto [ec, n] = co_await http::async_read(stream, conn->buffer, parser, kNoThrow); ec) {
       co_return Failure(ec, "read");
     }
     Response res = parser.release();
-    stream->expires_never();
-    if (res.keep_alive() && buffer.size() == 0 && !closing_ && idle_.size() < max_idle_) {
-      idle_.push_back(std::move(stream));
+    stream.expires_never();
+    if (res.keep_alive() && conn->buffer.size() == 0 && !closing_ && idle_.size() < max_idle_) {
+      conn->idle_since = SteadyClock::now();
+      idle_.push_back(std::move(conn));
     }
     co_return UpstreamResult{std::move(res)};
   }
@@ -333,15 +370,29 @@ class UpstreamPool {
     return {{}, false, Cat("upstream ", what, ": ", ec.message())};
   }
 
-  // An idle connection the upstream has not closed. A closed one shows as readable with 0
-  // bytes; sending a request on it could not tell "not received" from "received, no answer".
-  std::unique_ptr<beast::tcp_stream> TakeIdle() {
+  struct Connection {
+    explicit Connection(asio::io_context& io) : stream(io) {}
+    beast::tcp_stream stream;
+    beast::flat_buffer buffer;
+    SteadyClock::time_point idle_since{};
+  };
+
+  // An idle connection the upstream has not closed, most recently used first. One idle for a
+  // while is checked first: a closed one shows as readable with 0 bytes, and a request sent on
+  // it could not tell "not received" from "received, no answer". Connections idle for less
+  // than kFreshIdle skip the check (a syscall per request); an upstream that closes sooner
+  // than that announces it with Connection: close.
+  std::unique_ptr<Connection> TakeIdle() {
+    constexpr auto kFreshIdle = std::chrono::milliseconds(200);
+    const auto now = SteadyClock::now();
     while (!idle_.empty()) {
-      std::unique_ptr<beast::tcp_stream> s = std::move(idle_.back());
+      std::unique_ptr<Connection> c = std::move(idle_.back());
       idle_.pop_back();
+      if (now - c->idle_since < kFreshIdle) return c;
       char byte;
-      const ssize_t n = ::recv(s->socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return s;
+      const ssize_t n =
+          ::recv(c->stream.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
     }
     return nullptr;
   }
@@ -350,7 +401,7 @@ class UpstreamPool {
   const UpstreamTarget& target_;
   std::size_t max_idle_;
   GatewayMetrics& metrics_;
-  std::vector<std::unique_ptr<beast::tcp_stream>> idle_;
+  std::vector<std::unique_ptr<Connection>> idle_;
   std::set<beast::tcp_stream*> active_;
   bool closing_ = false;
 };
@@ -460,12 +511,20 @@ struct Server::Impl {
     Outcome outcome;
     std::string key_hash{};
     unsigned upstream_status = 0;
+    const Route* route = nullptr;
   };
 
   awaitable<Answer> Handle(Worker& w, Request& req) {
     const std::string_view target(req.target());
     const std::string_view path = target.substr(0, target.find('?'));
     const Route* route = config.RouteFor(path);
+    Answer a = co_await HandleOnRoute(w, req, route);
+    a.route = route;
+    co_return a;
+  }
+
+  awaitable<Answer> HandleOnRoute(Worker& w, Request& req, const Route* route) {
+    const std::string_view target(req.target());
     const std::string_view method(req.method_string());
     if (route == nullptr || route->key == KeyMode::kOff || !route->Applies(method)) {
       co_return co_await PassThrough(w, req);
@@ -721,28 +780,32 @@ struct Server::Impl {
     const auto t0 = SteadyClock::now();
     Request req = parser.release();
     const bool keep = req.keep_alive() && !draining.load(std::memory_order_relaxed);
-    const std::string method(req.method_string());
-    const std::string target(req.target());
-    const Route* route = config.RouteFor(std::string_view(target).substr(0, target.find('?')));
     const bool head = req.method() == http::verb::head;
     const unsigned version = req.version();
+    std::string method, path;  // for the log line, before the request is rewritten upstream
+    if (log.Enabled(Level::kInfo)) {
+      method = std::string(req.method_string());
+      const std::string_view target(req.target());
+      path = std::string(target.substr(0, target.find('?')));
+    }
     Answer a = co_await Handle(w, req);
     a.res.version(version);
     a.res.keep_alive(keep);
     if (!head) a.res.prepare_payload();
     const auto elapsed = SteadyClock::now() - t0;
-    metrics.Count(route, config, a.outcome, elapsed);
+    metrics.Count(a.route, config, a.outcome, elapsed);
     if (log.Enabled(Level::kInfo)) {
       log.Write(
           Level::kInfo,
-          Cat("method=", method, " path=\"", target.substr(0, target.find('?')), "\" route=\"",
-              route ? route->prefix : "-", "\" key=", a.key_hash.empty() ? "-" : a.key_hash,
+          Cat("method=", method, " path=\"", path, "\" route=\"", a.route ? a.route->prefix : "-",
+              "\" key=", a.key_hash.empty() ? "-" : a.key_hash,
               " outcome=", kOutcomeNames[static_cast<int>(a.outcome)],
               " status=", a.res.result_int(), " upstream_status=", a.upstream_status,
               " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));
     }
     stream.expires_after(config.client_timeout);
-    auto [wec, wn] = co_await http::async_write(stream, a.res, kNoThrow);
+    const std::string wire = Serialize(a.res, !head);
+    auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(wire), kNoThrow);
     stream.expires_never();
     co_return !wec && keep;
   }
