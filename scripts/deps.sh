@@ -12,6 +12,7 @@ packages=(
   clang clang-format  # libFuzzer targets, format check
   libboost1.81-dev    # Boost.Beast/Asio: idemd's HTTP server and upstream client
   libtomlplusplus-dev # idemd's TOML configuration
+  libjemalloc-dev     # idemd's allocator (glibc malloc cost ~15% of its CPU)
   curl                # the main job's demo requests
   wrk nginx-light     # the gateway benchmark and its nginx peer
 )
