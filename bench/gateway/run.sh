@@ -313,6 +313,28 @@ target() {
     printf '%-4s %-44s %12s %10s %10s %9s %8s %8s\n' "($s)" "${NAME[$s]}" "${RPS[$s]}" \
       "${P50[$s]}" "${P99[$s]}" "${NON2XX[$s]}" "$r" "$(target "$s")"
   done
+  if [[ " $SCENARIOS " == *" c "* ]]; then
+    # What bounds (c): every new key waits for two fdatasyncs (begin, then completion) before
+    # its answer, so 64 connections can do at most 64 / (2 x sync latency) requests/s.
+    echo
+    python3 - "$WORK" "$CONNECTIONS" << 'PY'
+import os, statistics, sys, time
+path = os.path.join(sys.argv[1], "fsync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+lat = []
+for _ in range(300):
+    os.write(fd, b"x" * 64)
+    t = time.perf_counter()
+    os.fdatasync(fd)
+    lat.append(time.perf_counter() - t)
+os.close(fd)
+os.unlink(path)
+med = statistics.median(lat)
+conns = int(sys.argv[2])
+print(f"store disk: fdatasync of a 64-byte append, median {med * 1e3:.2f} ms over 300; with 2 syncs "
+      f"per new key, {conns} connections are bounded by ~{conns / (2 * med):.0f} requests/s")
+PY
+  fi
   echo
   echo "raw wrk output: $RAW"
 } | tee "$OUT"

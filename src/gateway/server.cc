@@ -477,12 +477,35 @@ struct Server::Impl {
     return res;
   }
 
-  static Response FromStored(const Request& req, const StoredResponse& stored) {
-    Response res{static_cast<http::status>(stored.status), req.version()};
-    for (const auto& [name, value] : stored.headers) res.insert(name, value);
-    res.body() = stored.body;
-    res.set(kReplayedHeader, "true");
-    return res;
+  // A replay on the wire, straight from the stored response (the hot path of duplicates).
+  static std::string SerializeReplay(const StoredResponse& stored, unsigned version, bool keep,
+                                     bool head) {
+    std::string out;
+    out.reserve(192 + stored.body.size());
+    out += version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
+    Append(out, stored.status);
+    out += ' ';
+    out += std::string_view(http::obsolete_reason(static_cast<http::status>(stored.status)));
+    out += "\r\n";
+    for (const auto& [name, value] : stored.headers) {
+      out += name;
+      out += ": ";
+      out += value;
+      out += "\r\n";
+    }
+    out += kReplayedHeader;
+    out += ": true\r\n";
+    const bool bodiless = stored.status < 200 || stored.status == 204 || stored.status == 304;
+    if (!bodiless) {
+      out += "Content-Length: ";
+      Append(out, stored.body.size());
+      out += "\r\n";
+    }
+    if (version == 10 && keep) out += "Connection: keep-alive\r\n";
+    if (version != 10 && !keep) out += "Connection: close\r\n";
+    out += "\r\n";
+    if (!head && !bodiless) out += stored.body;
+    return out;
   }
 
   StoredResponse ToStored(const Response& res) const {
@@ -512,6 +535,7 @@ struct Server::Impl {
     std::string key_hash{};
     unsigned upstream_status = 0;
     const Route* route = nullptr;
+    std::optional<StoredResponse> replay{};  // a replay: sent as stored, `res` unused
   };
 
   awaitable<Answer> Handle(Worker& w, Request& req) {
@@ -593,7 +617,9 @@ struct Server::Impl {
           res.set(kReplayedHeader, "true");
           co_return Answer{std::move(res), Outcome::kReplayed, {}, stored->status};
         }
-        co_return Answer{FromStored(req, *stored), Outcome::kReplayed, {}, stored->status};
+        Answer a{Response{}, Outcome::kReplayed, {}, stored->status};
+        a.replay = std::move(*stored);
+        co_return a;
       }
       if (std::holds_alternative<Busy>(*answer)) {
         metrics.store.begin_busy->Inc();
@@ -789,9 +815,12 @@ struct Server::Impl {
       path = std::string(target.substr(0, target.find('?')));
     }
     Answer a = co_await Handle(w, req);
-    a.res.version(version);
-    a.res.keep_alive(keep);
-    if (!head) a.res.prepare_payload();
+    const unsigned status = a.replay ? a.replay->status : a.res.result_int();
+    if (!a.replay) {
+      a.res.version(version);
+      a.res.keep_alive(keep);
+      if (!head) a.res.prepare_payload();
+    }
     const auto elapsed = SteadyClock::now() - t0;
     metrics.Count(a.route, config, a.outcome, elapsed);
     if (log.Enabled(Level::kInfo)) {
@@ -800,11 +829,12 @@ struct Server::Impl {
           Cat("method=", method, " path=\"", path, "\" route=\"", a.route ? a.route->prefix : "-",
               "\" key=", a.key_hash.empty() ? "-" : a.key_hash,
               " outcome=", kOutcomeNames[static_cast<int>(a.outcome)],
-              " status=", a.res.result_int(), " upstream_status=", a.upstream_status,
+              " status=", status, " upstream_status=", a.upstream_status,
               " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));
     }
     stream.expires_after(config.client_timeout);
-    const std::string wire = Serialize(a.res, !head);
+    const std::string wire =
+        a.replay ? SerializeReplay(*a.replay, version, keep, head) : Serialize(a.res, !head);
     auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(wire), kNoThrow);
     stream.expires_never();
     co_return !wec && keep;
