@@ -828,8 +828,8 @@ struct Server::Impl {
           Level::kInfo,
           Cat("method=", method, " path=\"", path, "\" route=\"", a.route ? a.route->prefix : "-",
               "\" key=", a.key_hash.empty() ? "-" : a.key_hash,
-              " outcome=", kOutcomeNames[static_cast<int>(a.outcome)],
-              " status=", status, " upstream_status=", a.upstream_status,
+              " outcome=", kOutcomeNames[static_cast<int>(a.outcome)], " status=", status,
+              " upstream_status=", a.upstream_status,
               " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));
     }
     stream.expires_after(config.client_timeout);
