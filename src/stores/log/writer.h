@@ -3,7 +3,11 @@
 // Callers Append() (cheap: encodes into the pending batch under a mutex) and get a ticket.
 // One flusher thread takes whatever is pending as one batch, writes it with one write() and,
 // under sync=always, one fdatasync, while the next batch fills up: N concurrent callers share
-// one sync. Wait(ticket) returns when the batch holding the ticket is
+// one sync. Under sync=always, after a sync the flusher waits briefly for the callers it just
+// answered to append their next entries (a gather window that adapts to whether they come
+// back), so that a steady set of callers shares one sync instead of splitting into two groups
+// that alternate. Waiters sleep on a futex, not on the mutex, so waking a batch's callers does
+// not make them queue for a lock. Wait(ticket) returns when the batch holding the ticket is
 //   always:   written and fdatasync'ed;
 //   interval: written (the flusher fdatasyncs every sync_interval);
 //   none:     at once (the flusher writes in the background, within about a millisecond;
@@ -82,16 +86,28 @@ class LogWriter {
   const std::string dir_;
   const WriterOptions options_;
 
+  // Wakes the waiters of `ticket` (and, after a failure, everyone).
+  void WakeWaiters(std::uint64_t ticket);
+  // Under sync=always, before taking the pending batch: waits (mu_ held through `lock`) until
+  // the callers of the last batch have appended again, or the gather window ends.
+  void Gather(std::unique_lock<std::mutex>& lock);
+
   mutable std::mutex mu_;
-  std::condition_variable work_cv_;     // the flusher waits for work
-  std::condition_variable space_cv_;    // appenders wait for room
-  std::condition_variable done_cv_[2];  // waiters of ticket t wait on done_cv_[t & 1]
+  std::condition_variable work_cv_;   // the flusher waits for work
+  std::condition_variable space_cv_;  // appenders wait for room
   std::condition_variable rotate_cv_;
+  // Waiters of ticket t sleep on the futex done_word_[t & 1], which the flusher bumps after
+  // publishing durable_ (so a waiter that read the old word value cannot miss the wake).
+  std::atomic<std::uint32_t> done_word_[2] = {0, 0};
   BatchBuilder pending_;              // guarded by mu_
   std::uint64_t pending_ticket_ = 0;  // ticket of the pending batch (0: empty)
+  // Gathering (sync=always): the flusher waits until pending_ holds gather_target_ entries.
+  std::uint32_t gather_target_ = 0;            // guarded by mu_; 0: not gathering
+  std::chrono::nanoseconds gather_window_{0};  // flusher only: how long it may wait
+  std::chrono::nanoseconds last_flush_{0};     // flusher only: the last write + sync
   std::uint64_t next_ticket_ = 1;
   std::atomic<std::uint64_t> last_ticket_{0};
-  std::atomic<std::uint64_t> durable_{0};  // written under mu_; every ticket <= it is durable
+  std::atomic<std::uint64_t> durable_{0};  // written by the flusher; every ticket <= it is durable
   std::uint64_t next_seq_ = 1;
   bool stop_ = false;
   bool rotate_wanted_ = false;
