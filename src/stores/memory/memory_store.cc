@@ -1513,7 +1513,17 @@ std::uint64_t MemoryStore::MaxToken() {
 
 Status MemoryStore::Snapshot(const std::function<Status(const core::Change&)>& sink) {
   const Timestamp now = clock_->Now();
-  std::vector<Record> records;
+  // A slice's live records, copied out under the lock into one buffer (no allocation per
+  // record): each image's scope, key and response follow each other in `bytes`.
+  struct RecordImage {
+    core::RecordHead head;
+    std::optional<Fingerprint> fingerprint;
+    std::uint32_t scope_size;
+    std::uint32_t key_size;
+    std::uint32_t response_size;
+  };
+  std::vector<RecordImage> records;
+  std::string bytes;
   std::vector<Session> sessions;
   std::vector<Entity> entities;
   for (std::size_t i = 0; i < shard_count_; ++i) {
@@ -1522,21 +1532,45 @@ Status MemoryStore::Snapshot(const std::function<Status(const core::Change&)>& s
     // changed meanwhile is in the journal after the snapshot's point anyway.
     for (std::size_t from = 0; from != SlotPool::kEnd;) {
       records.clear();
+      bytes.clear();
       {
         std::lock_guard<SpinLock> lock(sh.mu);
         from = sh.pool.ForEach(from, kReapSlice, [&](std::uint32_t id) {
           const Slot& s = sh.slots[id];
-          if (s.used() && core::IsLive(sh.Head(s), now)) records.push_back(sh.ToRecord(s));
+          if (!s.used()) return;
+          const core::RecordHead head = sh.Head(s);
+          if (!core::IsLive(head, now)) return;
+          const BlobView blob = sh.Blob(s);
+          const std::string& scope = sh.scopes[s.scope_id()].name;
+          bytes.append(scope);
+          const std::size_t key_at = bytes.size();
+          const KeyCode code = s.key();
+          if (code.IsLong()) {
+            bytes.append(blob.key);
+          } else {
+            memory_internal::AppendKey(code, &bytes);
+          }
+          const std::size_t key_size = bytes.size() - key_at;
+          bytes.append(blob.response);
+          records.push_back({head, blob.fingerprint, static_cast<std::uint32_t>(scope.size()),
+                             static_cast<std::uint32_t>(key_size),
+                             static_cast<std::uint32_t>(blob.response.size())});
         });
       }
-      for (const Record& r : records) {
+      std::string_view rest = bytes;
+      auto take = [&rest](std::size_t n) {
+        const std::string_view part = rest.substr(0, n);
+        rest.remove_prefix(n);
+        return part;
+      };
+      for (const RecordImage& r : records) {
         core::Change c;
         c.type = core::ChangeType::kRecordPut;
-        c.scope = r.scope;
-        c.name = r.key;
-        c.record = {r.state, r.outcome, r.token, r.attempt, r.created, r.lease_deadline, r.expires};
+        c.scope = take(r.scope_size);
+        c.name = take(r.key_size);
+        c.record = r.head;
         c.fingerprint = r.fingerprint;
-        c.response = r.response;
+        c.response = take(r.response_size);
         IDEM_RETURN_IF_ERROR(sink(c));
       }
     }
