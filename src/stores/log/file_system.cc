@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -37,22 +38,18 @@ Result<std::pair<int, std::uint64_t>> OpenSized(const std::string& path, int fla
   return std::pair<int, std::uint64_t>(fd, static_cast<std::uint64_t>(st.st_size));
 }
 
+// Writes at the appended size with pwrite (not O_APPEND), so that appends can fill zeros
+// reserved past it.
 class PosixWritable final : public WritableFile {
  public:
   PosixWritable(int fd, std::string path, std::uint64_t size)
-      : fd_(fd), path_(std::move(path)), size_(size) {}
+      : fd_(fd), path_(std::move(path)), size_(size), allocated_(size) {}
   ~PosixWritable() override { ::close(fd_); }
 
   Status Append(std::string_view data) override {
-    while (!data.empty()) {
-      ssize_t n = ::write(fd_, data.data(), data.size());
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Errno("write", path_, errno);
-      }
-      size_ += static_cast<std::uint64_t>(n);
-      data.remove_prefix(static_cast<std::size_t>(n));
-    }
+    IDEM_RETURN_IF_ERROR(WriteAt(data, size_));
+    size_ += data.size();
+    allocated_ = std::max(allocated_, size_);
     return OkStatus();
   }
   Status Sync() override {
@@ -61,10 +58,43 @@ class PosixWritable final : public WritableFile {
   }
   std::uint64_t Size() const override { return size_; }
 
+  Status Reserve(std::uint64_t ahead) override {
+    if (allocated_ - size_ >= ahead) return OkStatus();
+    static const std::string zeros(std::size_t{1} << 20, '\0');
+    const std::uint64_t end = size_ + 2 * ahead;
+    while (allocated_ < end) {
+      const auto n =
+          static_cast<std::size_t>(std::min<std::uint64_t>(zeros.size(), end - allocated_));
+      IDEM_RETURN_IF_ERROR(WriteAt(std::string_view(zeros.data(), n), allocated_));
+      allocated_ += n;
+    }
+    return Sync();
+  }
+  Status Trim() override {
+    if (allocated_ == size_) return OkStatus();
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return Errno("truncate", path_, errno);
+    allocated_ = size_;
+    return Sync();
+  }
+
  private:
+  Status WriteAt(std::string_view data, std::uint64_t offset) {
+    while (!data.empty()) {
+      ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Errno("write", path_, errno);
+      }
+      offset += static_cast<std::uint64_t>(n);
+      data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return OkStatus();
+  }
+
   int fd_;
   std::string path_;
-  std::uint64_t size_;
+  std::uint64_t size_;       // appended
+  std::uint64_t allocated_;  // the file's size: appended, then reserved zeros
 };
 
 class PosixReadable final : public ReadableFile {
@@ -161,7 +191,7 @@ class PosixFileSystem final : public FileSystem {
 
   Result<std::unique_ptr<WritableFile>> Append(const std::string& path) override {
     bool existed = Exists(path);
-    auto opened = OpenSized(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC);
+    auto opened = OpenSized(path, O_WRONLY | O_CREAT | O_CLOEXEC);
     if (!opened) return opened.error();
     const auto [fd, size] = *opened;
     auto file = std::make_unique<PosixWritable>(fd, path, size);

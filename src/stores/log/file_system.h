@@ -22,7 +22,18 @@ class WritableFile {
   virtual Status Append(std::string_view data) = 0;
   // fdatasync: everything appended so far is on disk when this returns ok.
   virtual Status Sync() = 0;
+  // Bytes appended (the file may extend past them with reserved zeros).
   virtual std::uint64_t Size() const = 0;
+  // Makes sure at least `ahead` bytes after Size() are zeros already on disk (written and
+  // synced, extending by 2 * `ahead` when needed), so that Appends into them and their Syncs
+  // change no file metadata: an fdatasync then writes the data alone, not also the inode.
+  // Recovery cuts such a zero tail off. The default reserves nothing.
+  virtual Status Reserve(std::uint64_t ahead) {
+    (void)ahead;
+    return OkStatus();
+  }
+  // Cuts reserved zeros off (the file ends at Size() again) and syncs that.
+  virtual Status Trim() { return OkStatus(); }
 };
 
 // A whole file, read-only (mmap'd for the posix file system).

@@ -213,9 +213,17 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
                          "`, then `idem store repair " + options_.dir + "`");
   }
   if (scan->end == End::kTornTail) {
-    Warn(path + " offset " + std::to_string(scan->damage_offset) + ": torn batch at the tail (" +
-         scan->detail + ", " + std::to_string(data.size() - scan->valid_end) +
-         " bytes) cut off; it was never acknowledged");
+    const std::string_view tail = data.substr(scan->valid_end);
+    if (tail.find_first_not_of('\0') == std::string_view::npos) {
+      Warn(path + " offset " + std::to_string(scan->valid_end) + ": " +
+           std::to_string(tail.size()) +
+           " zero bytes after the last batch (space reserved ahead of the log, or blocks a " +
+           "crash left unwritten) cut off; nothing in them was acknowledged");
+    } else {
+      Warn(path + " offset " + std::to_string(scan->damage_offset) + ": torn batch at the tail (" +
+           scan->detail + ", " + std::to_string(tail.size()) +
+           " bytes) cut off; it was never acknowledged");
+    }
     file->reset();
     IDEM_RETURN_IF_ERROR(fs_.Truncate(path, scan->valid_end));
   }

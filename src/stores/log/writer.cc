@@ -1,11 +1,38 @@
 #include "stores/log/writer.h"
 
-#include "stores/log/files.h"
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
+
+#include "stores/log/files.h"
 
 namespace idem::log {
 namespace {
+
+// Sleeps while `word` holds `expected` (or until any wake; callers re-check).
+void FutexWait(std::atomic<std::uint32_t>& word, std::uint32_t expected) {
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+            nullptr, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<std::uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX,
+            nullptr, nullptr, 0);
+}
+
+// Synced modes keep this much zeroed space reserved ahead of the log's end (see
+// WritableFile::Reserve): an fdatasync of a batch then costs one write, not two.
+constexpr std::uint64_t kReserveAhead = std::uint64_t{1} << 20;
+
+// A moving average that follows changes within a few batches.
+std::chrono::nanoseconds Average(std::chrono::nanoseconds avg, std::chrono::nanoseconds sample) {
+  return avg.count() == 0 ? sample : (3 * avg + sample) / 4;
+}
 
 // Sticky log failures. A full disk is retryable once space is freed (after a reopen); an I/O
 // error may have damaged what is on disk.
@@ -69,6 +96,7 @@ Status LogWriter::OpenSegment(std::uint64_t id) {
     IDEM_RETURN_IF_ERROR((*file)->Append(FileHeader()));
     IDEM_RETURN_IF_ERROR((*file)->Sync());
   }
+  if (options_.sync != SyncMode::kNone) IDEM_RETURN_IF_ERROR((*file)->Reserve(kReserveAhead));
   file_ = std::move(*file);
   segment_id_.store(id, std::memory_order_relaxed);
   return OkStatus();
@@ -79,8 +107,8 @@ void LogWriter::Fail(const Status& s) {
     failed_ = LogFailure(s);
     failed_flag_.store(true, std::memory_order_release);
   }
-  done_cv_[0].notify_all();
-  done_cv_[1].notify_all();
+  WakeWaiters(0);
+  WakeWaiters(1);
   space_cv_.notify_all();
   rotate_cv_.notify_all();
 }
@@ -99,6 +127,11 @@ std::uint64_t LogWriter::Append(const Entry& e) {
     last_ticket_.store(pending_ticket_, std::memory_order_release);
     work_cv_.notify_one();
   }
+  if (pending_.count() == back_target_) {
+    back_at_ = std::chrono::steady_clock::now();
+    back_target_ = 0;
+    if (gathering_) work_cv_.notify_one();
+  }
   return pending_ticket_;
 }
 
@@ -110,11 +143,43 @@ Status LogWriter::health() const {
 
 Status LogWriter::Wait(std::uint64_t ticket) {
   if (options_.sync == SyncMode::kNone) return health();
-  if (durable_.load(std::memory_order_acquire) >= ticket) return health();
-  std::unique_lock lock(mu_);
-  done_cv_[ticket & 1].wait(
-      lock, [&] { return !failed_.ok() || durable_.load(std::memory_order_relaxed) >= ticket; });
-  return failed_;
+  std::atomic<std::uint32_t>& word = done_word_[ticket & 1];
+  for (;;) {
+    const std::uint32_t seen = word.load(std::memory_order_acquire);
+    if (durable_.load(std::memory_order_acquire) >= ticket ||
+        failed_flag_.load(std::memory_order_acquire)) {
+      return health();
+    }
+    FutexWait(word, seen);
+  }
+}
+
+void LogWriter::WakeWaiters(std::uint64_t ticket) {
+  std::atomic<std::uint32_t>& word = done_word_[ticket & 1];
+  word.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(word);
+}
+
+void LogWriter::ExpectCallersBack(std::uint32_t count) {
+  // How long the previous batch's callers took; if they are not all back yet, at least this.
+  const auto now = std::chrono::steady_clock::now();
+  if (woke_at_ != SteadyTime()) {
+    back_time_ = Average(back_time_, (back_target_ == 0 ? back_at_ : now) - woke_at_);
+  }
+  woke_at_ = now;
+  back_target_ = static_cast<std::uint32_t>(pending_.count()) + count;
+}
+
+void LogWriter::Gather(std::unique_lock<std::mutex>& lock) {
+  // Waiting for the callers idles the disk for about back_time_ to save a sync; syncing at
+  // once overlaps their CPU work with the sync but halves the batch. Measured here (2 cores,
+  // 64 callers), waiting wins only when a sync takes over twice the callers' return time.
+  if (back_target_ == 0 || flush_time_ <= 2 * back_time_) return;
+  gathering_ = true;
+  work_cv_.wait_until(lock, woke_at_ + flush_time_, [&] {
+    return stop_ || rotate_wanted_ || !failed_.ok() || back_target_ == 0;
+  });
+  gathering_ = false;
 }
 
 void LogWriter::FlusherLoop() {
@@ -139,14 +204,19 @@ void LogWriter::FlusherLoop() {
       continue;
     }
     Status s;
+    if (pending_ticket_ != 0 && options_.sync == SyncMode::kAlways && !stop_) Gather(lock);
     if (pending_ticket_ != 0) {
       std::swap(pending_, flushing_);
+      // Entries still expected from the last batch's callers now land in the new pending_.
+      if (back_target_ != 0) back_target_ -= flushing_.count();
       const std::uint64_t ticket = pending_ticket_;
       pending_ticket_ = 0;
       const std::uint64_t seq = next_seq_++;
       space_cv_.notify_all();
       lock.unlock();
 
+      const auto started = std::chrono::steady_clock::now();
+      const std::uint32_t count = flushing_.count();
       std::string_view data = flushing_.Finish(seq);
       s = file_->Append(data);
       if (s.ok() && options_.sync == SyncMode::kAlways) {
@@ -159,10 +229,13 @@ void LogWriter::FlusherLoop() {
       batches_.fetch_add(1, std::memory_order_relaxed);
       flushing_.Clear();
       if (s.ok() && file_->Size() >= options_.segment_bytes) {
-        if (options_.sync != SyncMode::kNone) s = file_->Sync();
+        s = file_->Trim();
+        if (s.ok() && options_.sync != SyncMode::kNone) s = file_->Sync();
         if (s.ok()) s = OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
         dirty_ = false;
       }
+
+      flush_time_ = Average(flush_time_, std::chrono::steady_clock::now() - started);
 
       lock.lock();
       if (!s.ok()) {
@@ -170,7 +243,17 @@ void LogWriter::FlusherLoop() {
         continue;
       }
       durable_.store(ticket, std::memory_order_release);
-      done_cv_[ticket & 1].notify_all();
+      // Before the wake, so that what is pending now does not count the woken callers.
+      if (options_.sync == SyncMode::kAlways) ExpectCallersBack(count);
+      lock.unlock();
+      WakeWaiters(ticket);
+      // While the callers just woken come back with their next entries.
+      if (options_.sync != SyncMode::kNone) s = file_->Reserve(kReserveAhead);
+      lock.lock();
+      if (!s.ok()) {
+        Fail(s);
+        continue;
+      }
     }
     if (options_.sync == SyncMode::kInterval && dirty_ && SteadyClock::now() >= next_sync) {
       lock.unlock();
@@ -186,7 +269,8 @@ void LogWriter::FlusherLoop() {
     }
     if (rotate_wanted_ && durable_.load(std::memory_order_relaxed) >= rotate_after_) {
       lock.unlock();
-      s = options_.sync != SyncMode::kNone ? file_->Sync() : OkStatus();
+      s = file_->Trim();
+      if (s.ok() && options_.sync != SyncMode::kNone) s = file_->Sync();
       if (s.ok()) s = OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
       dirty_ = false;
       lock.lock();
@@ -196,9 +280,11 @@ void LogWriter::FlusherLoop() {
       rotate_cv_.notify_all();
     }
     if (stop_ && pending_ticket_ == 0) {
-      if (dirty_ && options_.sync != SyncMode::kNone && failed_.ok()) {
+      if (failed_.ok()) {
         lock.unlock();
-        (void)file_->Sync();
+        // Best effort: a reopen cuts off reserved zeros left behind anyway.
+        (void)file_->Trim();
+        if (dirty_ && options_.sync != SyncMode::kNone) (void)file_->Sync();
         lock.lock();
       }
       return;

@@ -127,17 +127,27 @@ KeyCode EncodeKey(std::string_view key) {
   return code;
 }
 
-std::string DecodeKey(const KeyCode& code) {
+void AppendKey(const KeyCode& code, std::string* out) {
   unsigned char buf[16];
   std::memcpy(buf, code.w, sizeof(buf));
-  if (code.form <= 16) return std::string(reinterpret_cast<const char*>(buf), code.form);
+  if (code.form <= 16) {
+    out->append(reinterpret_cast<const char*>(buf), code.form);
+    return;
+  }
   const bool upper = code.form > kUpperBase;
   const std::size_t n = upper ? code.form - kUpperBase : code.form;
   const char* digits = upper ? "0123456789ABCDEF" : "0123456789abcdef";
-  std::string key(n, '\0');
+  const std::size_t at = out->size();
+  out->resize(at + n);
+  char* key = out->data() + at;
   for (std::size_t i = 0; i < n; ++i) {
     key[i] = digits[(buf[i / 2] >> (i % 2 == 0 ? 4 : 0)) & 0x0F];
   }
+}
+
+std::string DecodeKey(const KeyCode& code) {
+  std::string key;
+  AppendKey(code, &key);
   return key;
 }
 

@@ -31,6 +31,8 @@ KeyCode EncodeKey(std::string_view key);
 
 // The key `code` was made from. Not for kLongForm (the record keeps that key out of line).
 std::string DecodeKey(const KeyCode& code);
+// The same, appended to `out`.
+void AppendKey(const KeyCode& code, std::string* out);
 
 }  // namespace idem::memory_internal
 

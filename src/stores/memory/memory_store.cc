@@ -155,12 +155,15 @@ std::uint64_t ScopeHash(std::string_view scope) {
   return absl::HashOf(absl::string_view(scope.data(), scope.size()));
 }
 
-RecordId MakeRecordId(std::string_view scope, std::string_view key) {
+// `fixed_shard`: place the record by ShardHash, the same in every process (a journaled
+// engine needs that); otherwise by the seeded hash the index uses anyway, which costs nothing
+// more (its high bits pick the shard, its low 32 bits are the index tag).
+RecordId MakeRecordId(std::string_view scope, std::string_view key, bool fixed_shard) {
   RecordId id;
   id.code = EncodeKey(key);
   id.scope_hash = ScopeHash(scope);
   id.hash = HashRecord(id.code, id.scope_hash);
-  id.shard_hash = ShardHash(scope, key);
+  id.shard_hash = fixed_shard ? ShardHash(scope, key) : id.hash;
   return id;
 }
 
@@ -589,6 +592,7 @@ class MemoryStore final : public memory_internal::Engine {
 
   Clock* const clock_;
   core::Journal* const journal_;
+  const bool fixed_shards_;  // records placed by ShardHash (see MakeRecordId)
   const std::size_t max_key_bytes_;
   const std::chrono::milliseconds abandoned_retention_;
   int bits_ = 0;
@@ -608,6 +612,7 @@ class MemoryStore final : public memory_internal::Engine {
 MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journal)
     : clock_(options.clock != nullptr ? options.clock : &Clock::System()),
       journal_(journal),
+      fixed_shards_(journal != nullptr),
       max_key_bytes_(options.max_key_bytes),
       abandoned_retention_(options.abandoned_retention) {
   std::size_t n = options.shards;
@@ -640,7 +645,7 @@ MemoryStore::~MemoryStore() {
 Result<BeginAnswer> MemoryStore::Begin(const BeginRequest& req) {
   IDEM_RETURN_IF_ERROR(core::CheckBegin(req, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(Healthy());
-  const RecordId id = MakeRecordId(req.scope, req.key);
+  const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   // The index line's miss overlaps the clock read and the lock.
   sh.index.Prefetch(id.tag());
@@ -705,7 +710,7 @@ Result<BeginAnswer> MemoryStore::BeginLocked(Shard& sh, const RecordId& id, cons
 Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   IDEM_RETURN_IF_ERROR(core::CheckComplete(req, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(Healthy());
-  const RecordId id = MakeRecordId(req.scope, req.key);
+  const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   sh.index.Prefetch(id.tag());
   const Timestamp now = clock_->Now();
@@ -744,7 +749,7 @@ Result<WriteAnswer> MemoryStore::Release(std::string_view scope, std::string_vie
                                          Token token) {
   IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(Healthy());
-  const RecordId id = MakeRecordId(scope, key);
+  const RecordId id = MakeRecordId(scope, key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
@@ -766,7 +771,7 @@ Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view
   IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
   IDEM_RETURN_IF_ERROR(Healthy());
-  const RecordId id = MakeRecordId(scope, key);
+  const RecordId id = MakeRecordId(scope, key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
@@ -808,7 +813,7 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
       answers[i].emplace(std::move(st));
       continue;
     }
-    ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key);
+    ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key, fixed_shards_);
     ShardFor(ids[i].shard_hash).index.Prefetch(ids[i].tag());
     order.push_back(static_cast<std::uint32_t>(i));
   }
@@ -873,7 +878,7 @@ std::vector<Result<WriteAnswer>> MemoryStore::CompleteBatch(std::span<const Comp
 Result<std::optional<Record>> MemoryStore::Get(std::string_view scope, std::string_view key) {
   IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(Healthy());
-  const RecordId id = MakeRecordId(scope, key);
+  const RecordId id = MakeRecordId(scope, key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
   return UnderLock<std::optional<Record>>(
@@ -922,7 +927,7 @@ Result<std::vector<Record>> MemoryStore::List(const ListFilter& filter) {
 Result<bool> MemoryStore::Erase(std::string_view scope, std::string_view key) {
   IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(Healthy());
-  const RecordId id = MakeRecordId(scope, key);
+  const RecordId id = MakeRecordId(scope, key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
   return UnderLock<bool>(sh, [&](std::uint64_t& ticket) -> Result<bool> {
@@ -1386,7 +1391,7 @@ Status MemoryStore::Apply(const core::Change& c) {
     case core::ChangeType::kRecordPut:
     case core::ChangeType::kRecordDelete: {
       IDEM_RETURN_IF_ERROR(core::CheckRecordId(c.scope, c.name, kMaxStoredKeyBytes));
-      const RecordId id = MakeRecordId(c.scope, c.name);
+      const RecordId id = MakeRecordId(c.scope, c.name, fixed_shards_);
       Shard& sh = ShardFor(id.shard_hash);
       std::lock_guard<SpinLock> lock(sh.mu);
       std::uint32_t slot_id = sh.FindSlot(id, c.scope, c.name);
@@ -1508,7 +1513,17 @@ std::uint64_t MemoryStore::MaxToken() {
 
 Status MemoryStore::Snapshot(const std::function<Status(const core::Change&)>& sink) {
   const Timestamp now = clock_->Now();
-  std::vector<Record> records;
+  // A slice's live records, copied out under the lock into one buffer (no allocation per
+  // record): each image's scope, key and response follow each other in `bytes`.
+  struct RecordImage {
+    core::RecordHead head;
+    std::optional<Fingerprint> fingerprint;
+    std::uint32_t scope_size;
+    std::uint32_t key_size;
+    std::uint32_t response_size;
+  };
+  std::vector<RecordImage> records;
+  std::string bytes;
   std::vector<Session> sessions;
   std::vector<Entity> entities;
   for (std::size_t i = 0; i < shard_count_; ++i) {
@@ -1517,21 +1532,45 @@ Status MemoryStore::Snapshot(const std::function<Status(const core::Change&)>& s
     // changed meanwhile is in the journal after the snapshot's point anyway.
     for (std::size_t from = 0; from != SlotPool::kEnd;) {
       records.clear();
+      bytes.clear();
       {
         std::lock_guard<SpinLock> lock(sh.mu);
         from = sh.pool.ForEach(from, kReapSlice, [&](std::uint32_t id) {
           const Slot& s = sh.slots[id];
-          if (s.used() && core::IsLive(sh.Head(s), now)) records.push_back(sh.ToRecord(s));
+          if (!s.used()) return;
+          const core::RecordHead head = sh.Head(s);
+          if (!core::IsLive(head, now)) return;
+          const BlobView blob = sh.Blob(s);
+          const std::string& scope = sh.scopes[s.scope_id()].name;
+          bytes.append(scope);
+          const std::size_t key_at = bytes.size();
+          const KeyCode code = s.key();
+          if (code.IsLong()) {
+            bytes.append(blob.key);
+          } else {
+            memory_internal::AppendKey(code, &bytes);
+          }
+          const std::size_t key_size = bytes.size() - key_at;
+          bytes.append(blob.response);
+          records.push_back({head, blob.fingerprint, static_cast<std::uint32_t>(scope.size()),
+                             static_cast<std::uint32_t>(key_size),
+                             static_cast<std::uint32_t>(blob.response.size())});
         });
       }
-      for (const Record& r : records) {
+      std::string_view rest = bytes;
+      auto take = [&rest](std::size_t n) {
+        const std::string_view part = rest.substr(0, n);
+        rest.remove_prefix(n);
+        return part;
+      };
+      for (const RecordImage& r : records) {
         core::Change c;
         c.type = core::ChangeType::kRecordPut;
-        c.scope = r.scope;
-        c.name = r.key;
-        c.record = {r.state, r.outcome, r.token, r.attempt, r.created, r.lease_deadline, r.expires};
+        c.scope = take(r.scope_size);
+        c.name = take(r.key_size);
+        c.record = r.head;
         c.fingerprint = r.fingerprint;
-        c.response = r.response;
+        c.response = take(r.response_size);
         IDEM_RETURN_IF_ERROR(sink(c));
       }
     }
