@@ -232,7 +232,9 @@ const std::vector<Option>& Options() {
       {"threads", Kind::kCount, &Config::threads, "N", "I/O threads; 0 = one per core", 0,
        kMaxThreads},
       {"store_threads", Kind::kCount, &Config::store_threads, "N",
-       "threads for blocking store calls; 0 = call the store inline", 0, kMaxStoreThreads},
+       "threads that call the store, each with one batch of the waiting requests' store "
+       "operations; 0 = call the store inline",
+       0, kMaxStoreThreads},
       {"principal_header", Kind::kHeaderName, &Config::principal_header, "NAME",
        "request header whose value's hash scopes keys (a credential or tenant id)"},
       {"key_header", Kind::kHeaderName, &Config::key_header, "NAME",

@@ -77,7 +77,9 @@ struct Config {
   std::string upstream = "http://127.0.0.1:9000";  // http://host:port[/base], no TLS
   std::string store = "log:./idemd-data";  // memory:, log:/dir[?sync=...], redis://, postgres://
   std::size_t threads = 0;                 // I/O threads; 0 = one per core
-  std::size_t store_threads = 64;          // threads for blocking store calls; 0 = inline
+  // Threads that call a store that can block (log, network); each takes one batch of the
+  // store operations waiting at the moment. 0 = call the store inline on the I/O threads.
+  std::size_t store_threads = 4;
   std::string principal_header = "Authorization";  // its value's hash scopes keys
   std::string key_header = "Idempotency-Key";
   std::size_t max_key_bytes = 255;

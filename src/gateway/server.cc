@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -406,6 +407,129 @@ class UpstreamPool {
   bool closing_ = false;
 };
 
+// Store calls from one I/O thread, batched. Operations that arrive while the thread's batches
+// are at the store wait, and go together in the next batch: one BeginBatch and one
+// CompleteBatch, so one thread hop (and, for the log store, one group commit) for all of them.
+// Handing each call to a store thread on its own cost more in context switches than the store
+// call itself (perf: 57% of idemd's time in finish_task_switch with the log store).
+// Used only on its I/O thread; Run() is the only part that runs on a store thread.
+class StoreBatcher {
+  // A suspended caller's completion handler (move-only), type-erased.
+  struct Resume {
+    virtual ~Resume() = default;
+    virtual void operator()() = 0;
+  };
+  template <class Handler>
+  struct ResumeWith final : Resume {
+    explicit ResumeWith(Handler h) : handler(std::move(h)) {}
+    void operator()() override { std::move(handler)(); }
+    Handler handler;
+  };
+
+ public:
+  StoreBatcher(asio::io_context& io, asio::thread_pool& pool, Store& store,
+               std::size_t max_in_flight)
+      : io_(io), pool_(pool), store_(store), max_in_flight_(max_in_flight) {}
+
+  awaitable<Result<BeginAnswer>> Begin(const BeginRequest& req) {
+    Op op{.kind = Op::kBegin, .begin = &req};
+    co_await Submit(op);
+    co_return std::move(*op.begin_result);
+  }
+  awaitable<Result<WriteAnswer>> Complete(const CompleteRequest& req) {
+    Op op{.kind = Op::kComplete, .complete = &req};
+    co_await Submit(op);
+    co_return std::move(*op.write_result);
+  }
+  awaitable<Result<WriteAnswer>> Release(std::string_view scope, std::string_view key,
+                                         Token token) {
+    Op op{.kind = Op::kRelease, .scope = scope, .key = key, .token = token};
+    co_await Submit(op);
+    co_return std::move(*op.write_result);
+  }
+
+ private:
+  struct Op {
+    enum Kind : std::uint8_t { kBegin, kComplete, kRelease } kind;
+    const BeginRequest* begin = nullptr;
+    const CompleteRequest* complete = nullptr;
+    std::string_view scope{}, key{};
+    Token token = 0;
+    std::optional<Result<BeginAnswer>> begin_result{};
+    std::optional<Result<WriteAnswer>> write_result{};
+    std::unique_ptr<Resume> done{};
+  };
+  using Batch = std::vector<Op*>;
+
+  // Suspends the caller until its operation's batch has been to the store. The Op lives in the
+  // caller's frame, which stays alive while suspended.
+  awaitable<void> Submit(Op& op) {
+    co_await asio::async_initiate<decltype(use_awaitable), void()>(
+        [this, &op](auto handler) {
+          op.done = std::make_unique<ResumeWith<decltype(handler)>>(std::move(handler));
+          queue_.push_back(&op);
+          Dispatch();
+        },
+        use_awaitable);
+  }
+
+  void Dispatch() {
+    while (in_flight_ < max_in_flight_ && !queue_.empty()) {
+      ++in_flight_;
+      auto batch = std::make_shared<Batch>(std::move(queue_));
+      queue_.clear();
+      asio::post(pool_, [this, batch] {
+        Run(*batch);
+        asio::post(io_, [this, batch] {
+          --in_flight_;
+          for (Op* op : *batch) {
+            std::unique_ptr<Resume> done = std::move(op->done);
+            (*done)();  // resumes the caller, which may free `op`
+          }
+          Dispatch();
+        });
+      });
+    }
+  }
+
+  // On a store thread.
+  void Run(Batch& batch) {
+    std::vector<BeginRequest> begins;
+    std::vector<CompleteRequest> completes;
+    for (Op* op : batch) {
+      if (op->kind == Op::kBegin) begins.push_back(*op->begin);
+      if (op->kind == Op::kComplete) completes.push_back(*op->complete);
+    }
+    std::vector<Result<BeginAnswer>> began;
+    std::vector<Result<WriteAnswer>> completed;
+    if (begins.size() == 1) began.push_back(store_.Begin(begins[0]));
+    if (begins.size() > 1) began = store_.BeginBatch(begins);
+    if (completes.size() == 1) completed.push_back(store_.Complete(completes[0]));
+    if (completes.size() > 1) completed = store_.CompleteBatch(completes);
+    std::size_t b = 0, c = 0;
+    for (Op* op : batch) {
+      switch (op->kind) {
+        case Op::kBegin:
+          op->begin_result.emplace(std::move(began[b++]));
+          break;
+        case Op::kComplete:
+          op->write_result.emplace(std::move(completed[c++]));
+          break;
+        case Op::kRelease:
+          op->write_result.emplace(store_.Release(op->scope, op->key, op->token));
+          break;
+      }
+    }
+  }
+
+  asio::io_context& io_;
+  asio::thread_pool& pool_;
+  Store& store_;
+  std::size_t max_in_flight_;
+  std::size_t in_flight_ = 0;
+  Batch queue_;
+};
+
 }  // namespace
 
 // ---- the server ----
@@ -423,6 +547,7 @@ struct Server::Impl {
     asio::io_context io{1};
     std::optional<tcp::acceptor> acceptor;
     std::optional<UpstreamPool> pool;
+    std::optional<StoreBatcher> batcher;         // empty: the store is called inline
     std::set<beast::tcp_stream*> idle_sessions;  // waiting for a next request
     std::thread thread;
   };
@@ -443,20 +568,19 @@ struct Server::Impl {
   std::atomic<int> busy_requests{0};
   std::once_flag shutdown_once;
 
-  // Runs a store call where it may block: on the store pool, resuming on the caller's thread.
-  template <class F>
-  awaitable<std::invoke_result_t<F>> OnStore(F f) {
-    using R = std::invoke_result_t<F>;
-    if (!store_pool) co_return f();
-    std::optional<R> result;  // Result<T> has no default constructor, which co_spawn needs
-    co_await asio::co_spawn(
-        store_pool->get_executor(),
-        [&]() -> awaitable<void> {
-          result.emplace(f());
-          co_return;
-        },
-        use_awaitable);
-    co_return std::move(*result);
+  // Store calls: through the I/O thread's batcher, or inline (memory store, store_threads 0).
+  awaitable<Result<BeginAnswer>> StoreBegin(Worker& w, const BeginRequest& req) {
+    if (!w.batcher) co_return store.Begin(req);
+    co_return co_await w.batcher->Begin(req);
+  }
+  awaitable<Result<WriteAnswer>> StoreComplete(Worker& w, const CompleteRequest& req) {
+    if (!w.batcher) co_return store.Complete(req);
+    co_return co_await w.batcher->Complete(req);
+  }
+  awaitable<Result<WriteAnswer>> StoreRelease(Worker& w, const std::string& scope,
+                                              const std::string& key, Token token) {
+    if (!w.batcher) co_return store.Release(scope, key, token);
+    co_return co_await w.batcher->Release(scope, key, token);
   }
 
   // ---- responses ----
@@ -588,7 +712,7 @@ struct Server::Impl {
     for (;;) {
       const BeginRequest begin{.scope = scope, .key = key, .fingerprint = fp, .lease = route.lease};
       const auto t0 = SteadyClock::now();
-      Result<BeginAnswer> answer = co_await OnStore([&] { return store.Begin(begin); });
+      Result<BeginAnswer> answer = co_await StoreBegin(w, begin);
       metrics.store.store_begin_seconds->ObserveDuration(SteadyClock::now() - t0);
       if (!answer) {
         metrics.store.store_errors->Inc();
@@ -652,7 +776,7 @@ struct Server::Impl {
     metrics.upstream_seconds->ObserveDuration(SteadyClock::now() - t0);
     metrics.store.handler_seconds->ObserveDuration(SteadyClock::now() - t0);
     if (!up.res) {
-      co_await ReleaseKey(scope, key, acquired.token);
+      co_await ReleaseKey(w, scope, key, acquired.token);
       log.Write(Level::kWarn,
                 Cat("event=upstream_error error=\"", up.error, "\" key_released=true"));
       co_return UpstreamProblem(req, up);
@@ -661,7 +785,7 @@ struct Server::Impl {
     StripHopByHop(*res);
     const unsigned status = res->result_int();
     if (!route.Stores(status)) {
-      co_await ReleaseKey(scope, key, acquired.token);
+      co_await ReleaseKey(w, scope, key, acquired.token);
       co_return Answer{std::move(*res), Outcome::kReleased, {}, status};
     }
     const std::string encoded = EncodeStoredResponse(ToStored(*res));
@@ -672,7 +796,7 @@ struct Server::Impl {
                                    .response = encoded,
                                    .retention = route.retention};
     const auto t1 = SteadyClock::now();
-    Result<WriteAnswer> done = co_await OnStore([&] { return store.Complete(complete); });
+    Result<WriteAnswer> done = co_await StoreComplete(w, complete);
     metrics.store.store_complete_seconds->ObserveDuration(SteadyClock::now() - t1);
     if (!done) {
       // The upstream acted; its answer is the truth for this client. The key stays in progress
@@ -690,8 +814,9 @@ struct Server::Impl {
     co_return Answer{std::move(*res), Outcome::kForwarded, {}, status};
   }
 
-  awaitable<void> ReleaseKey(const std::string& scope, const std::string& key, Token token) {
-    Result<WriteAnswer> r = co_await OnStore([&] { return store.Release(scope, key, token); });
+  awaitable<void> ReleaseKey(Worker& w, const std::string& scope, const std::string& key,
+                             Token token) {
+    Result<WriteAnswer> r = co_await StoreRelease(w, scope, key, token);
     if (!r) {
       metrics.store.store_errors->Inc();
       log.Write(Level::kError, Cat("event=release_failed error=\"", r.error().ToString(), "\""));
@@ -953,6 +1078,10 @@ struct Server::Impl {
         bound = Endpoint{bound_at->address().to_string(), bound_at->port()};
       }
       w->pool.emplace(w->io, upstream, idle_per_thread, metrics);
+      if (store_pool) {
+        w->batcher.emplace(w->io, *store_pool, store,
+                           std::max<std::size_t>(1, config.store_threads / threads));
+      }
       workers.push_back(std::move(w));
     }
     admin_acceptor.emplace(admin_io);
