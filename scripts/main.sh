@@ -34,8 +34,8 @@ start() {
   pids+=($!)
   for _ in $(seq 1 100); do
     grep -q "listening on" "$data/$name.out" 2>/dev/null && return 0
-    [ "$(ps -o stat= -p "${pids[-1]}" 2>/dev/null | cut -c1)" = "" ] && break
-    [ "$(ps -o stat= -p "${pids[-1]}" 2>/dev/null | cut -c1)" = "Z" ] && break
+    # Gone, or a zombie (process 1 may not reap): it will not start.
+    case "$(ps -o stat= -p "${pids[-1]}" 2>/dev/null | cut -c1)" in "" | Z) break ;; esac
     sleep 0.1
   done
   echo "$name did not start:" >&2

@@ -47,6 +47,11 @@ std::string PrincipalScope(std::string_view route_scope, std::string_view creden
 // Upgrade. Case-insensitive.
 bool IsHopByHop(std::string_view name);
 
+// Header text: spaces and tabs around a value (RFC 9110 OWS) removed; ASCII case-insensitive
+// equality, as header names compare.
+std::string_view TrimOws(std::string_view s);
+bool EqualsIgnoreCase(std::string_view a, std::string_view b);
+
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 // What the gateway stores for a completed key and replays to its retries.

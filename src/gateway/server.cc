@@ -81,19 +81,6 @@ std::string Cat(const Parts&... parts) {
   return out;
 }
 
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
-std::string_view TrimSpaces(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 // ---- logging: one line per event, one write(2) per line so lines never interleave ----
 
 enum class Level : std::uint8_t { kDebug, kInfo, kWarn, kError };
@@ -184,10 +171,14 @@ class GatewayMetrics {
   }
 
   void Count(const Route* route, const Config& config, Outcome o, std::chrono::nanoseconds d) {
-    std::size_t i = 0;  // "-" unless the route is one of the configured ones
-    for (std::size_t r = 0; r < config.routes.size(); ++r) {
-      if (&config.routes[r] == route) i = r + 1;
-    }
+    // Label "-" unless the route is one of the configured ones (RouteFor may return a built-in
+    // default route).
+    const Route* first = config.routes.data();
+    const Route* end = first + config.routes.size();
+    const std::less<const Route*> before;
+    const std::size_t i = route != nullptr && !before(route, first) && before(route, end)
+                              ? static_cast<std::size_t>(route - first) + 1
+                              : 0;
     routes_[i].requests[static_cast<int>(o)]->Inc();
     routes_[i].seconds[static_cast<int>(o)]->ObserveDuration(d);
   }
@@ -205,40 +196,35 @@ class GatewayMetrics {
 // ---- upstream target ----
 
 struct UpstreamTarget {
-  std::string host;  // for the Host header
-  std::string port;
+  std::string host;  // for the Host header: HOST:PORT
   std::string base;  // path prefix prepended to every target, without a trailing '/'
   tcp::endpoint endpoint;
 };
 
-Result<UpstreamTarget> ResolveUpstream(std::string_view url) {
-  constexpr std::string_view kScheme = "http://";
-  if (!url.starts_with(kScheme)) {
-    return InvalidArgumentError(
-        Cat("upstream: '", url, "' must start with http:// (https is not supported)"));
-  }
-  std::string_view rest = url.substr(kScheme.size());
-  std::string_view authority = rest.substr(0, rest.find('/'));
-  std::string_view path = authority.size() < rest.size() ? rest.substr(authority.size()) : "";
-  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
-  auto endpoint = ParseEndpoint(authority);
-  if (!endpoint) {
-    return InvalidArgumentError(Cat("upstream: ", endpoint.error().message()));
-  }
-  UpstreamTarget t;
-  t.host = std::string(authority);
-  t.port = std::to_string(endpoint->port);
-  t.base = std::string(path);
+// The first address `host` names (an IP literal or a name), for `port`.
+Result<tcp::endpoint> Resolve(const std::string& host, std::uint16_t port) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (!ec) return tcp::endpoint(address, port);
   asio::io_context io;
   tcp::resolver resolver(io);
-  boost::system::error_code ec;
-  auto results = resolver.resolve(endpoint->host, t.port, ec);
+  auto results = resolver.resolve(host, std::to_string(port), ec);
   if (ec || results.empty()) {
-    return InvalidArgumentError(
-        Cat("upstream: cannot resolve '", endpoint->host, "': ", ec.message()));
+    return InvalidArgumentError(Cat("cannot resolve '", host, "': ", ec.message()));
   }
-  t.endpoint = results.begin()->endpoint();
-  return t;
+  return results.begin()->endpoint();
+}
+
+Result<UpstreamTarget> ResolveUpstream(std::string_view url) {
+  auto parsed = ParseUpstreamUrl(url);
+  if (!parsed) return InvalidArgumentError(Cat("upstream: ", parsed.error().message()));
+  auto endpoint = Resolve(parsed->endpoint.host, parsed->endpoint.port);
+  if (!endpoint) return InvalidArgumentError(Cat("upstream: ", endpoint.error().message()));
+  const std::string& host = parsed->endpoint.host;
+  const bool v6 = host.find(':') != std::string::npos;
+  return UpstreamTarget{.host = Cat(v6 ? "[" : "", host, v6 ? "]" : "", ":", parsed->endpoint.port),
+                        .base = std::move(parsed->base),
+                        .endpoint = *endpoint};
 }
 
 // Removes hop-by-hop headers and the ones the Connection header names.
@@ -248,7 +234,7 @@ void StripHopByHop(Fields& fields) {
   std::string_view connection(fields[http::field::connection]);
   while (!connection.empty()) {
     const std::size_t comma = std::min(connection.find(','), connection.size());
-    const std::string_view token = TrimSpaces(connection.substr(0, comma));
+    const std::string_view token = TrimOws(connection.substr(0, comma));
     if (!token.empty()) named.emplace_back(token);
     connection.remove_prefix(std::min(comma + 1, connection.size()));
   }
@@ -262,6 +248,23 @@ void StripHopByHop(Fields& fields) {
   for (const std::string& n : named) fields.erase(n);
 }
 
+void AppendHeader(std::string& out, std::string_view name, std::string_view value) {
+  out += name;
+  out += ": ";
+  out += value;
+  out += "\r\n";
+}
+
+void AppendStatusLine(std::string& out, unsigned version, unsigned status,
+                      std::string_view reason) {
+  out += version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
+  Append(out, status);
+  out += ' ';
+  out += reason.empty() ? std::string_view(http::obsolete_reason(static_cast<http::status>(status)))
+                        : reason;
+  out += "\r\n";
+}
+
 // The message as it goes on the wire, in one buffer: Beast's serializer walks a buffer
 // sequence per field, which costs more than the copy for messages of this size. The message
 // must have its Content-Length (prepare_payload) or be bodiless by its status.
@@ -269,28 +272,16 @@ template <bool kIsRequest>
 std::string Serialize(const http::message<kIsRequest, http::string_body>& m, bool with_body) {
   std::string out;
   out.reserve(256 + m.body().size());
-  const std::string_view version = m.version() == 10 ? "HTTP/1.0" : "HTTP/1.1";
   if constexpr (kIsRequest) {
-    Append(out, std::string_view(m.method_string()));
+    out += std::string_view(m.method_string());
     out += ' ';
-    Append(out, std::string_view(m.target()));
-    out += ' ';
-    out += version;
+    out += std::string_view(m.target());
+    out += m.version() == 10 ? " HTTP/1.0\r\n" : " HTTP/1.1\r\n";
   } else {
-    out += version;
-    out += ' ';
-    Append(out, m.result_int());
-    out += ' ';
-    std::string_view reason(m.reason());
-    if (reason.empty()) reason = std::string_view(http::obsolete_reason(m.result()));
-    out += reason;
+    AppendStatusLine(out, m.version(), m.result_int(), std::string_view(m.reason()));
   }
-  out += "\r\n";
   for (const auto& field : m) {
-    Append(out, std::string_view(field.name_string()));
-    out += ": ";
-    Append(out, std::string_view(field.value()));
-    out += "\r\n";
+    AppendHeader(out, std::string_view(field.name_string()), std::string_view(field.value()));
   }
   out += "\r\n";
   if (with_body) out += m.body();
@@ -606,27 +597,13 @@ struct Server::Impl {
                                      bool head) {
     std::string out;
     out.reserve(192 + stored.body.size());
-    out += version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
-    Append(out, stored.status);
-    out += ' ';
-    out += std::string_view(http::obsolete_reason(static_cast<http::status>(stored.status)));
-    out += "\r\n";
-    for (const auto& [name, value] : stored.headers) {
-      out += name;
-      out += ": ";
-      out += value;
-      out += "\r\n";
-    }
-    out += kReplayedHeader;
-    out += ": true\r\n";
+    AppendStatusLine(out, version, stored.status, {});
+    for (const auto& [name, value] : stored.headers) AppendHeader(out, name, value);
+    AppendHeader(out, kReplayedHeader, "true");
     const bool bodiless = stored.status < 200 || stored.status == 204 || stored.status == 304;
-    if (!bodiless) {
-      out += "Content-Length: ";
-      Append(out, stored.body.size());
-      out += "\r\n";
-    }
-    if (version == 10 && keep) out += "Connection: keep-alive\r\n";
-    if (version != 10 && !keep) out += "Connection: close\r\n";
+    if (!bodiless) AppendHeader(out, "Content-Length", std::to_string(stored.body.size()));
+    if (version == 10 && keep) AppendHeader(out, "Connection", "keep-alive");
+    if (version != 10 && !keep) AppendHeader(out, "Connection", "close");
     out += "\r\n";
     if (!head && !bodiless) out += stored.body;
     return out;
@@ -1034,18 +1011,10 @@ struct Server::Impl {
   // ---- lifecycle ----
 
   Result<tcp::endpoint> Bind(tcp::acceptor& acceptor, const Endpoint& at, bool reuse_port) {
+    auto resolved = Resolve(at.host, at.port);
+    if (!resolved) return resolved.error();
+    const tcp::endpoint& endpoint = *resolved;
     boost::system::error_code ec;
-    auto address = asio::ip::make_address(at.host, ec);
-    if (ec) {
-      asio::io_context io;
-      tcp::resolver resolver(io);
-      auto results = resolver.resolve(at.host, std::to_string(at.port), ec);
-      if (ec || results.empty()) {
-        return InvalidArgumentError(Cat("cannot resolve '", at.host, "'"));
-      }
-      address = results.begin()->endpoint().address();
-    }
-    const tcp::endpoint endpoint(address, at.port);
     acceptor.open(endpoint.protocol(), ec);
     if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec && reuse_port) {
