@@ -15,6 +15,8 @@ packages=(
   libjemalloc-dev     # idemd's allocator (glibc malloc cost ~15% of its CPU)
   curl                # the main job's demo requests
   wrk nginx-light     # the gateway benchmark and its nginx peer
+  libhiredis-dev redis-server redis-tools   # the Redis store (hiredis 0.14) and its tests
+  libpq-dev postgresql-15 postgresql-client-15  # the PostgreSQL store (libpq 15), its tests, pgbench
 )
 missing=()
 for p in "${packages[@]}"; do

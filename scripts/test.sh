@@ -21,6 +21,14 @@ run_suite() {
   ctest --test-dir "build/$preset" -j "$jobs" --output-on-failure --timeout 600 | tee -a "$summary"
 }
 
+# Redis (one node and a 3-master cluster) and PostgreSQL on loopback, for the shared-store
+# tests; stopped by pid when this script exits, however it exits.
+servers=$(mktemp -d /tmp/idem-servers.XXXXXX)
+trap 'scripts/servers.sh stop "$servers"; rm -rf "$servers" "$summary"' EXIT
+scripts/servers.sh start "$servers"
+# shellcheck disable=SC1091
+source "$servers/env"
+
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
@@ -33,7 +41,7 @@ cmake --build build/ci-release -j "$jobs"
 ctest --test-dir build/ci-release -j "$jobs" --output-on-failure --timeout 600 -R example |
   tee -a "$summary"
 prefix=$(mktemp -d)
-trap 'rm -rf "$prefix" "$summary"' EXIT
+trap 'scripts/servers.sh stop "$servers"; rm -rf "$servers" "$prefix" "$summary"' EXIT
 cmake --install build/ci-release --prefix "$prefix" >/dev/null
 cmake -S tests/package -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/consumer" >/dev/null
