@@ -303,6 +303,9 @@ Result<PostgresServer> PostgresServer::Start(std::filesystem::path dir, std::uin
   std::error_code ec;
   std::filesystem::create_directories(s.dir_, ec);
   if (ec) return UnavailableError("mkdir " + s.dir_.string() + ": " + ec.message());
+  // The postgres user must reach the directory: a mkdtemp parent is 0700 root.
+  std::filesystem::permissions(s.dir_.parent_path(), std::filesystem::perms::others_exec,
+                               std::filesystem::perm_options::add, ec);
   const passwd* pw = ::getpwnam("postgres");
   if (pw == nullptr) return FailedPreconditionError("no postgres user (apt-get install postgresql)");
   if (::chown(s.dir_.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
