@@ -292,6 +292,25 @@ Status RedisCluster::WaitHealthy(int slot, std::chrono::milliseconds timeout) {
   return ok ? Status() : UnavailableError("the Redis Cluster did not recover in time");
 }
 
+Status RedisCluster::WaitReplicas(int slot, int replicas, std::chrono::milliseconds timeout) {
+  const std::string want = "connected_slaves:" + std::to_string(replicas) + "\r";
+  const bool ok = PollUntil(timeout, [&] {
+    auto master = MasterOf(slot);
+    if (!master) return false;
+    auto info = nodes_[*master].Cli({"INFO", "replication"});
+    if (!info || info->find(want) == std::string::npos) return false;
+    // Every replica listed must be online (state=online), not still syncing.
+    std::size_t online = 0;
+    for (std::size_t at = 0; (at = info->find("state=online", at)) != std::string::npos; ++at) {
+      ++online;
+    }
+    return online >= static_cast<std::size_t>(replicas);
+  });
+  return ok ? Status()
+            : UnavailableError("slot " + std::to_string(slot) + "'s master did not get " +
+                               std::to_string(replicas) + " replica(s) in time");
+}
+
 // ---- PostgresServer ----------------------------------------------------------------------
 
 Result<PostgresServer> PostgresServer::Start(std::filesystem::path dir, std::uint16_t port,

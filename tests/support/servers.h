@@ -84,6 +84,8 @@ class RedisCluster {
   Result<std::size_t> MasterOf(int slot);
   // Polls until every live node reports cluster_state:ok and `slot` has a live master.
   Status WaitHealthy(int slot, std::chrono::milliseconds timeout);
+  // Polls until the master of `slot` has `replicas` replicas with their link up.
+  Status WaitReplicas(int slot, int replicas, std::chrono::milliseconds timeout);
 
  private:
   RedisCluster() = default;
