@@ -4,18 +4,24 @@
 
 #include <array>
 #include <cstdio>
+#include <utility>
 
 namespace idem::redis {
 namespace {
 
-// Helpers every script starts with. Lua 5.1 numbers are doubles: every integer here stays
-// below 2^53 (the store refuses sequence numbers and versions above that; tokens and times
-// are far below), and nothing is turned into a string with tostring (which would round).
-constexpr std::string_view kPreamble = R"lua(
+// The helpers the scripts are made of, in the order they must appear. Each script takes only
+// the parts it uses: Redis runs a script's whole text on every call, and every `local
+// function` it defines is a new closure each time.
+//
+// Lua 5.1 numbers are doubles: every integer here stays below 2^53 (the store refuses
+// sequence numbers and versions above that; tokens and times are far below), and nothing is
+// turned into a string with tostring (which would round).
+constexpr std::string_view kBase = R"lua(
 local byte, char, sub, concat = string.byte, string.char, string.sub, table.concat
 local GRACE = 10000
 local UNTIL_ACK = 3153600000000
-local function put(t, v)
+)lua";
+constexpr std::string_view kVarint = R"lua(local function put(t, v)
   while v >= 128 do
     local b = v % 128
     t[#t + 1] = char(128 + b)
@@ -44,7 +50,9 @@ local function getz(s, i)
   if v % 2 == 0 then return v / 2, i end
   return -(v + 1) / 2, i
 end
--- A token above `old` (the token stored for the key, 0 if none) and, as long as the server's
+)lua";
+constexpr std::string_view kToken =
+    R"lua(-- A token above `old` (the token stored for the key, 0 if none) and, as long as the server's
 -- clock does not step back, above every token handed out for the key before.
 local function newtoken(old)
   local t = redis.call('TIME')
@@ -52,11 +60,14 @@ local function newtoken(old)
   if tok <= old then tok = old + 1 end
   return tok
 end
-local function servertime()
+)lua";
+constexpr std::string_view kServerTime = R"lua(local function servertime()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + (tonumber(t[2]) - tonumber(t[2]) % 1000) / 1000
 end
--- Records: {kind = 0 in progress | 1 success | 2 failure, token, attempt, created, expires,
+)lua";
+constexpr std::string_view kRecordDecode =
+    R"lua(-- Records: {kind = 0 in progress | 1 success | 2 failure, token, attempt, created, expires,
 -- lease, fp (32 bytes or nil), resp}. `key` is nil for a session's records (never compact).
 local function rdec(key, v)
   local h = byte(v, 1)
@@ -92,7 +103,8 @@ local function rdec(key, v)
   r.resp = sub(v, i)
   return r
 end
-local function renc(r)
+)lua";
+constexpr std::string_view kRecordEncode = R"lua(local function renc(r)
   local h = 128 + r.kind
   if r.fp then h = h + 4 end
   local t = {char(h)}
@@ -105,7 +117,9 @@ local function renc(r)
   if r.kind ~= 0 then t[#t + 1] = r.resp end
   return concat(t)
 end
--- Stores a record in its own key; Redis drops it GRACE after its logical expiry.
+)lua";
+constexpr std::string_view kRecordPut =
+    R"lua(-- Stores a record in its own key; Redis drops it GRACE after its logical expiry.
 local function rput(key, r, now, server)
   if server and r.kind ~= 0 and not r.fp and r.resp == '' and r.attempt <= 8 and
      math.abs(server - now) <= 1000 then
@@ -121,10 +135,13 @@ local function rput(key, r, now, server)
   end
   redis.call('SET', key, renc(r), 'PX', int(r.expires - now + GRACE))
 end
-local function owns(r, now, token)
+)lua";
+constexpr std::string_view kOwns = R"lua(local function owns(r, now, token)
   return r and now < r.expires and r.kind == 0 and r.token == token
 end
--- The Begin decision over a stored value `v` (or nil). Returns the reply and the record to
+)lua";
+constexpr std::string_view kBeginDecision =
+    R"lua(-- The Begin decision over a stored value `v` (or nil). Returns the reply and the record to
 -- store (nil: store nothing).
 local function begin(v, key, now, lease, abandoned, fp)
   local r, old = nil, 0
@@ -146,7 +163,9 @@ local function begin(v, key, now, lease, abandoned, fp)
   r.expires = r.lease + abandoned
   return {0, r.token, r.attempt, r.lease}, r
 end
--- Sessions: {low, window, ttl, expires} in field 'h' of the session's hash.
+)lua";
+constexpr std::string_view kSession =
+    R"lua(-- Sessions: {low, window, ttl, expires} in field 'h' of the session's hash.
 local function sload(key, now)
   local h = redis.call('HGET', key, 'h')
   if not h then return nil end
@@ -172,7 +191,9 @@ local function sdrop(key, through)
     if f ~= 'h' and tonumber(f) <= through then redis.call('HDEL', key, f) end
   end
 end
--- Entities: {applied, inprog, token, attempt, lease, expires}.
+)lua";
+constexpr std::string_view kEntity =
+    R"lua(-- Entities: {applied, inprog, token, attempt, lease, expires}.
 local function edec(v)
   local e, i = {}, 2
   e.applied, i = get(v, i)
@@ -193,22 +214,41 @@ local function eput(key, e, now)
   putz(t, e.expires)
   redis.call('SET', key, concat(t), 'PX', int(e.expires - now + GRACE))
 end
-local key = KEYS[1]
+)lua";
+constexpr std::string_view kArgs = R"lua(local key = KEYS[1]
 local now = tonumber(ARGV[1])
 )lua";
+
+enum Part : unsigned {
+  kNeedsVarint = 1u << 0,
+  kNeedsToken = 1u << 1,
+  kNeedsServerTime = 1u << 2,
+  kNeedsRecordDecode = 1u << 3,
+  kNeedsRecordEncode = 1u << 4,
+  kNeedsRecordPut = 1u << 5,
+  kNeedsOwns = 1u << 6,
+  kNeedsBeginDecision = 1u << 7,
+  kNeedsSession = 1u << 8,
+  kNeedsEntity = 1u << 9,
+};
 
 struct Body {
   ScriptId id;
   std::string_view name;
+  unsigned parts;
   std::string_view text;
 };
+
+constexpr unsigned kRecordRead = kNeedsVarint | kNeedsRecordDecode;
+constexpr unsigned kRecordWrite =
+    kRecordRead | kNeedsRecordEncode | kNeedsRecordPut | kNeedsServerTime | kNeedsOwns;
 
 // Replies: Begin-like answers are {0, token, attempt, lease deadline} Acquired,
 // {1, lease deadline} Busy, {2, outcome, attempt, response} Replay, {3} Conflict, {4} Stale,
 // {-1} unknown session, {-2, low water, window} past the window. Writes answer 0 (applied),
 // 1 (lease lost) or -1 (unknown session).
 constexpr Body kBodies[] = {
-    {ScriptId::kBegin, "begin", R"lua(
+    {ScriptId::kBegin, "begin", kRecordWrite | kNeedsToken | kNeedsBeginDecision, R"lua(
 -- ARGV: now, lease, abandoned retention, fingerprint ('' for none)
 local fp = ARGV[4]
 if fp == '' then fp = nil end
@@ -216,7 +256,7 @@ local reply, r = begin(redis.call('GET', key), key, now, tonumber(ARGV[2]), tonu
 if r then rput(key, r, now) end
 return reply
 )lua"},
-    {ScriptId::kComplete, "complete", R"lua(
+    {ScriptId::kComplete, "complete", kRecordWrite, R"lua(
 -- ARGV: now, token, outcome (0 success, 1 failure), retention, response
 local v = redis.call('GET', key)
 if not v then return 1 end
@@ -230,14 +270,14 @@ if not r.fp and r.resp == '' and r.attempt <= 8 then server = servertime() end
 rput(key, r, now, server)
 return 0
 )lua"},
-    {ScriptId::kRelease, "release", R"lua(
+    {ScriptId::kRelease, "release", kRecordRead | kNeedsOwns, R"lua(
 -- ARGV: now, token
 local v = redis.call('GET', key)
 if not v or not owns(rdec(key, v), now, tonumber(ARGV[2])) then return 1 end
 redis.call('DEL', key)
 return 0
 )lua"},
-    {ScriptId::kExtend, "extend", R"lua(
+    {ScriptId::kExtend, "extend", kRecordWrite, R"lua(
 -- ARGV: now, token, lease, abandoned retention
 local v = redis.call('GET', key)
 if not v then return 1 end
@@ -248,7 +288,7 @@ r.expires = r.lease + tonumber(ARGV[4])
 rput(key, r, now)
 return 0
 )lua"},
-    {ScriptId::kErase, "erase", R"lua(
+    {ScriptId::kErase, "erase", kRecordRead, R"lua(
 -- ARGV: now. 1 if a live record was removed.
 local v = redis.call('GET', key)
 if not v then return 0 end
@@ -257,14 +297,14 @@ redis.call('DEL', key)
 if live then return 1 end
 return 0
 )lua"},
-    {ScriptId::kGet, "get", R"lua(
+    {ScriptId::kGet, "get", 0, R"lua(
 -- The stored value and, for the compact form, the key's expiry: {value, pexpiretime}.
 local v = redis.call('GET', key)
 if not v then return false end
 if byte(v, 1) < 128 then return {v, redis.call('PEXPIRETIME', key)} end
 return {v, -1}
 )lua"},
-    {ScriptId::kPurge, "purge", R"lua(
+    {ScriptId::kPurge, "purge", kRecordRead | kNeedsSession | kNeedsEntity, R"lua(
 -- ARGV: now, what the key holds ('r' record, 's' session, 'e' entity). How many were
 -- reclaimed (a session counts with its records).
 local what = ARGV[2]
@@ -283,7 +323,7 @@ if now < expires then return 0 end
 redis.call('DEL', key)
 return 1
 )lua"},
-    {ScriptId::kOpenSession, "open_session", R"lua(
+    {ScriptId::kOpenSession, "open_session", kNeedsVarint | kNeedsSession, R"lua(
 -- ARGV: now, ttl, window. {low water, window, outstanding, expires}
 local s = sload(key, now)
 local low = 0
@@ -297,7 +337,8 @@ s.expires = now + s.ttl
 ssave(key, s, now)
 return {s.low, s.window, redis.call('HLEN', key) - 1, s.expires}
 )lua"},
-    {ScriptId::kBeginSequenced, "begin_sequenced", R"lua(
+    {ScriptId::kBeginSequenced, "begin_sequenced",
+     kRecordWrite | kNeedsToken | kNeedsBeginDecision | kNeedsSession, R"lua(
 -- ARGV: now, seq, ack, lease, abandoned retention, fingerprint ('' for none)
 local s = sload(key, now)
 if not s or not s.live then return {-1} end
@@ -320,7 +361,7 @@ local reply, r = begin(redis.call('HGET', key, ARGV[2]), nil, now, tonumber(ARGV
 if r then redis.call('HSET', key, ARGV[2], renc(r)) end
 return reply
 )lua"},
-    {ScriptId::kCompleteSequenced, "complete_sequenced", R"lua(
+    {ScriptId::kCompleteSequenced, "complete_sequenced", kRecordWrite | kNeedsSession, R"lua(
 -- ARGV: now, seq, token, outcome, response
 local s = sload(key, now)
 if not s or not s.live then return -1 end
@@ -336,7 +377,8 @@ s.expires = now + s.ttl
 ssave(key, s, now)
 return 0
 )lua"},
-    {ScriptId::kReleaseSequenced, "release_sequenced", R"lua(
+    {ScriptId::kReleaseSequenced, "release_sequenced", kRecordRead | kNeedsOwns | kNeedsSession,
+     R"lua(
 -- ARGV: now, seq, token
 local s = sload(key, now)
 if not s or not s.live then return -1 end
@@ -347,7 +389,7 @@ s.expires = now + s.ttl
 ssave(key, s, now)
 return 0
 )lua"},
-    {ScriptId::kAcknowledge, "acknowledge", R"lua(
+    {ScriptId::kAcknowledge, "acknowledge", kNeedsVarint | kNeedsSession, R"lua(
 -- ARGV: now, ack. {low water, window, outstanding, expires} or {-1}
 local s = sload(key, now)
 if not s or not s.live then return {-1} end
@@ -361,7 +403,7 @@ ssave(key, s, now)
 if drop > 0 then sdrop(key, drop) end
 return {s.low, s.window, redis.call('HLEN', key) - 1, s.expires}
 )lua"},
-    {ScriptId::kBeginVersioned, "begin_versioned", R"lua(
+    {ScriptId::kBeginVersioned, "begin_versioned", kNeedsVarint | kNeedsToken | kNeedsEntity, R"lua(
 -- ARGV: now, version, lease, abandoned retention
 local version = tonumber(ARGV[2])
 local v = redis.call('GET', key)
@@ -391,7 +433,7 @@ if e.expires < hold then e.expires = hold end
 eput(key, e, now)
 return {0, e.token, e.attempt, e.lease}
 )lua"},
-    {ScriptId::kCompleteVersioned, "complete_versioned", R"lua(
+    {ScriptId::kCompleteVersioned, "complete_versioned", kNeedsVarint | kNeedsEntity, R"lua(
 -- ARGV: now, token, retention
 local v = redis.call('GET', key)
 if not v then return 1 end
@@ -403,7 +445,7 @@ e.expires = now + tonumber(ARGV[3])
 eput(key, e, now)
 return 0
 )lua"},
-    {ScriptId::kReleaseVersioned, "release_versioned", R"lua(
+    {ScriptId::kReleaseVersioned, "release_versioned", kNeedsVarint | kNeedsEntity, R"lua(
 -- ARGV: now, token
 local v = redis.call('GET', key)
 if not v then return 1 end
@@ -432,7 +474,24 @@ std::array<Script, static_cast<std::size_t>(ScriptId::kCount)> MakeScripts() {
   for (const Body& b : kBodies) {
     Script& s = scripts[static_cast<std::size_t>(b.id)];
     s.name = b.name;
-    s.body = std::string(kPreamble) + std::string(b.text);
+    s.body = std::string(kBase);
+    const std::pair<unsigned, std::string_view> parts[] = {
+        {kNeedsVarint, kVarint},
+        {kNeedsToken, kToken},
+        {kNeedsServerTime, kServerTime},
+        {kNeedsRecordDecode, kRecordDecode},
+        {kNeedsRecordEncode, kRecordEncode},
+        {kNeedsRecordPut, kRecordPut},
+        {kNeedsOwns, kOwns},
+        {kNeedsBeginDecision, kBeginDecision},
+        {kNeedsSession, kSession},
+        {kNeedsEntity, kEntity},
+    };
+    for (const auto& [part, text] : parts) {
+      if ((b.parts & part) != 0) s.body += text;
+    }
+    s.body += kArgs;
+    s.body += b.text;
     s.sha = Sha1Hex(s.body);
   }
   return scripts;
