@@ -18,6 +18,7 @@
 //          [--seconds 5] [--connections N] [--memory-keys 100000] [--only a,b,c]
 // (c) runs FLUSHALL: never point it at a server holding data you want.
 #include <hiredis/hiredis.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -49,6 +50,7 @@ struct Flags {
   int memory_keys = 100'000;
   int batch = 32;
   std::string only = "a,b,c";
+  bool plain = true;  // --idem-only: skip the plain client (for profiling)
 };
 
 [[noreturn]] void Die(const std::string& why) {
@@ -81,6 +83,8 @@ Flags ParseFlags(int argc, char** argv) {
       f.connections = std::stoi(value());
     } else if (a == "--memory-keys") {
       f.memory_keys = std::stoi(value());
+    } else if (a == "--idem-only") {
+      f.plain = false;
     } else if (a == "--only") {
       f.only = value();
     } else {
@@ -105,13 +109,28 @@ std::string RandomKey(std::mt19937_64& rng) {
 const std::string kResponse(100, 'r');
 constexpr long long kRetentionMs = 24LL * 3600 * 1000;
 
+struct Rate {
+  double keys_per_s = 0;
+  double redis_us_per_key = 0;   // the server's CPU (INFO cpu, every master)
+  double client_us_per_key = 0;  // this process's CPU
+};
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+double RedisCpuSeconds(const std::vector<std::string>& nodes);
+
 // Runs body(thread) on `threads` threads for `seconds` (after a one-second warm-up); each call
-// returns how many keys it finished. Returns keys per second.
-double Measure(int threads, int seconds, const std::function<long(int, std::mt19937_64&)>& body) {
+// returns how many keys it finished.
+Rate Measure(const Flags& f, const std::function<long(int, std::mt19937_64&)>& body) {
   std::atomic<bool> counting{false}, stop{false};
   std::atomic<long> total{0};
   std::vector<std::thread> running;
-  for (int t = 0; t < threads; ++t) {
+  for (int t = 0; t < f.threads; ++t) {
     running.emplace_back([&, t] {
       std::mt19937_64 rng(std::random_device{}() ^ (static_cast<std::uint64_t>(t) << 32));
       long mine = 0;
@@ -123,14 +142,21 @@ double Measure(int threads, int seconds, const std::function<long(int, std::mt19
     });
   }
   std::this_thread::sleep_for(1s);
+  const double redis0 = RedisCpuSeconds(f.nodes), client0 = ProcessCpuSeconds();
   counting.store(true);
   const auto start = Clock::now();
-  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  std::this_thread::sleep_for(std::chrono::seconds(f.seconds));
   counting.store(false);
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const double redis1 = RedisCpuSeconds(f.nodes), client1 = ProcessCpuSeconds();
   stop.store(true);
   for (auto& th : running) th.join();
-  return static_cast<double>(total.load()) / elapsed;
+  Rate r;
+  const double keys = static_cast<double>(total.load());
+  r.keys_per_s = keys / elapsed;
+  r.redis_us_per_key = (redis1 - redis0) * 1e6 / keys;
+  r.client_us_per_key = (client1 - client0) * 1e6 / keys;
+  return r;
 }
 
 // ---- the plain client ----
@@ -227,9 +253,9 @@ std::unique_ptr<idem::Store> OpenStore(const Flags& f) {
   return std::move(*store);
 }
 
-double RunCycleIdem(const Flags& f) {
+Rate RunCycleIdem(const Flags& f) {
   auto store = OpenStore(f);
-  return Measure(f.threads, f.seconds, [&](int, std::mt19937_64& rng) -> long {
+  return Measure(f, [&](int, std::mt19937_64& rng) -> long {
     const std::string key = RandomKey(rng);
     auto a = store->Begin(idem::BeginRequest{.scope = "b", .key = key});
     if (!a.has_value() || !std::holds_alternative<idem::Acquired>(*a)) Die("begin failed");
@@ -242,10 +268,10 @@ double RunCycleIdem(const Flags& f) {
   });
 }
 
-double RunCyclePlain(const Flags& f) {
+Rate RunCyclePlain(const Flags& f) {
   std::vector<std::unique_ptr<PlainClient>> clients;
   for (int t = 0; t < f.threads; ++t) clients.push_back(std::make_unique<PlainClient>(f));
-  return Measure(f.threads, f.seconds, [&](int t, std::mt19937_64& rng) -> long {
+  return Measure(f, [&](int t, std::mt19937_64& rng) -> long {
     const std::string key = RandomKey(rng);
     redisContext* c = clients[static_cast<std::size_t>(t)]->For(key);
     Check(static_cast<redisReply*>(
@@ -258,9 +284,9 @@ double RunCyclePlain(const Flags& f) {
   });
 }
 
-double RunBatchIdem(const Flags& f) {
+Rate RunBatchIdem(const Flags& f) {
   auto store = OpenStore(f);
-  return Measure(f.threads, f.seconds, [&](int, std::mt19937_64& rng) -> long {
+  return Measure(f, [&](int, std::mt19937_64& rng) -> long {
     std::vector<std::string> keys;
     for (int i = 0; i < f.batch; ++i) keys.push_back(RandomKey(rng));
     std::vector<idem::BeginRequest> begins;
@@ -284,10 +310,10 @@ double RunBatchIdem(const Flags& f) {
   });
 }
 
-double RunBatchPlain(const Flags& f) {
+Rate RunBatchPlain(const Flags& f) {
   std::vector<std::unique_ptr<PlainClient>> clients;
   for (int t = 0; t < f.threads; ++t) clients.push_back(std::make_unique<PlainClient>(f));
-  return Measure(f.threads, f.seconds, [&](int t, std::mt19937_64& rng) -> long {
+  return Measure(f, [&](int t, std::mt19937_64& rng) -> long {
     std::vector<std::string> keys;
     for (int i = 0; i < f.batch; ++i) keys.push_back(RandomKey(rng));
     PlainClient& client = *clients[static_cast<std::size_t>(t)];
@@ -310,25 +336,36 @@ double RunBatchPlain(const Flags& f) {
 
 // ---- memory ----
 
-long long UsedMemory(const Flags& f) {
-  long long sum = 0;
-  // Every master's used_memory.
-  std::vector<std::string> seen;
-  for (const std::string& node : f.nodes) {
+// One INFO field summed over the masters among `nodes`.
+double SumInfo(const std::vector<std::string>& nodes, const char* section,
+               const std::vector<const char*>& fields) {
+  double sum = 0;
+  for (const std::string& node : nodes) {
     redisContext* c = Connect(Split(node));
     auto* role = static_cast<redisReply*>(redisCommand(c, "ROLE"));
     const bool master = role != nullptr && role->type == REDIS_REPLY_ARRAY &&
                         std::string_view(role->element[0]->str) == "master";
     freeReplyObject(role);
     if (master) {
-      auto* r = static_cast<redisReply*>(redisCommand(c, "INFO memory"));
-      const char* at = std::strstr(r->str, "used_memory:");
-      sum += std::atoll(at + std::strlen("used_memory:"));
+      auto* r = static_cast<redisReply*>(redisCommand(c, "INFO %s", section));
+      for (const char* field : fields) {
+        const std::string name = std::string(field) + ":";
+        const char* at = std::strstr(r->str, name.c_str());
+        if (at != nullptr) sum += std::atof(at + name.size());
+      }
       freeReplyObject(r);
     }
     redisFree(c);
   }
   return sum;
+}
+
+double RedisCpuSeconds(const std::vector<std::string>& nodes) {
+  return SumInfo(nodes, "cpu", {"used_cpu_sys", "used_cpu_user"});
+}
+
+long long UsedMemory(const Flags& f) {
+  return static_cast<long long>(SumInfo(f.nodes, "memory", {"used_memory"}));
 }
 
 void FlushAll(const Flags& f) {
@@ -400,21 +437,26 @@ int main(int argc, char** argv) {
   std::printf("redis_store_bench: %s%s, %d threads, %d s a run, %s connections per node\n",
               f.cluster ? "cluster " : "", f.nodes[0].c_str(), f.threads, f.seconds,
               f.connections > 0 ? std::to_string(f.connections).c_str() : "default");
-  if (Wants(f, 'a')) {
-    const double plain = RunCyclePlain(f);
-    const double idem = RunCycleIdem(f);
+  auto row = [](const char* what, const Rate& plain, const Rate& idem) {
     std::printf(
-        "(a) cycle   plain SET NX PX + SET XX PX %10.0f keys/s   idem Begin+Complete %10.0f "
-        "keys/s   ratio %.2fx (target >= 1.0)\n",
-        plain, idem, idem / plain);
+        "%s\n    plain %9.0f keys/s (redis %5.1f us/key, client %5.1f us/key)\n"
+        "    idem  %9.0f keys/s (redis %5.1f us/key, client %5.1f us/key)   ratio %.2fx "
+        "(target >= 1.0)\n",
+        what, plain.keys_per_s, plain.redis_us_per_key, plain.client_us_per_key, idem.keys_per_s,
+        idem.redis_us_per_key, idem.client_us_per_key, idem.keys_per_s / plain.keys_per_s);
+  };
+  if (Wants(f, 'a')) {
+    const Rate plain = f.plain ? RunCyclePlain(f) : Rate{1, 0, 0};
+    const Rate idem = RunCycleIdem(f);
+    row("(a) cycle: plain SET NX PX + SET XX PX (a connection per thread) vs idem Begin+Complete",
+        plain, idem);
   }
   if (Wants(f, 'b')) {
-    const double plain = RunBatchPlain(f);
-    const double idem = RunBatchIdem(f);
-    std::printf(
-        "(b) batch%-2d plain pipelined 2x%d        %10.0f keys/s   idem BeginBatch+Complete "
-        "%8.0f keys/s   ratio %.2fx (target >= 1.0)\n",
-        f.batch, f.batch, plain, idem, idem / plain);
+    const Rate plain = f.plain ? RunBatchPlain(f) : Rate{1, 0, 0};
+    const Rate idem = RunBatchIdem(f);
+    row("(b) batches of 32: plain 32 SET NX PX then 32 SET XX PX pipelined vs idem "
+        "BeginBatch+CompleteBatch",
+        plain, idem);
   }
   if (Wants(f, 'c')) {
     const double plain = MemoryPlain(f);

@@ -42,25 +42,24 @@ Status Damaged(std::string_view what) {
   return DataLossError("a stored value is damaged: " + std::string(what));
 }
 
-// Reads the varints and the rest of a stored value, failing on truncation.
+// Reads the little-endian fixed-width fields of a stored value, failing on truncation.
 class Reader {
  public:
   explicit Reader(std::string_view s) : s_(s) {}
-  bool Varint(std::uint64_t& v) {
+  bool Unsigned(int bytes, std::uint64_t& v) {
+    if (s_.size() < static_cast<std::size_t>(bytes)) return false;
     v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (s_.empty()) return false;
-      const auto b = static_cast<std::uint8_t>(s_[0]);
-      s_.remove_prefix(1);
-      v |= std::uint64_t{b & 0x7fu} << shift;
-      if (b < 0x80) return true;
+    for (int i = 0; i < bytes; ++i) {
+      v |= std::uint64_t{static_cast<std::uint8_t>(s_[static_cast<std::size_t>(i)])} << (8 * i);
     }
-    return false;
+    s_.remove_prefix(static_cast<std::size_t>(bytes));
+    return true;
   }
-  bool Zigzag(std::int64_t& v) {
+  bool Signed(int bytes, std::int64_t& v) {
     std::uint64_t u = 0;
-    if (!Varint(u)) return false;
-    v = static_cast<std::int64_t>(u >> 1) ^ -static_cast<std::int64_t>(u & 1);
+    if (!Unsigned(bytes, u)) return false;
+    const int shift = 64 - 8 * bytes;
+    v = static_cast<std::int64_t>(u << shift) >> shift;  // sign-extends
     return true;
   }
   bool Bytes(std::size_t n, std::string_view& out) {
@@ -179,10 +178,11 @@ Result<StoredRecord> DecodeRecord(std::string_view value, std::int64_t key_expir
   Reader in(value.substr(1));
   std::uint64_t token = 0, attempt = 0;
   std::int64_t created = 0, expires = 0, lease = 0;
-  if (!in.Varint(token) || !in.Varint(attempt) || !in.Zigzag(created) || !in.Zigzag(expires)) {
+  if (!in.Unsigned(7, token) || !in.Unsigned(4, attempt) || !in.Signed(6, created) ||
+      !in.Signed(6, expires)) {
     return Damaged("a truncated record");
   }
-  if (kind == 0 && !in.Zigzag(lease)) return Damaged("a truncated record");
+  if (kind == 0 && !in.Signed(6, lease)) return Damaged("a truncated record");
   if (has_fp) {
     std::string_view fp;
     if (!in.Bytes(32, fp)) return Damaged("a truncated fingerprint");
@@ -194,9 +194,9 @@ Result<StoredRecord> DecodeRecord(std::string_view value, std::int64_t key_expir
   h.token = token;
   h.attempt = static_cast<std::uint32_t>(attempt);
   h.created = Ms(created);
-  h.expires = Ms(created + expires);
+  h.expires = Ms(expires);
   if (kind == 0) {
-    h.lease_deadline = Ms(created + lease);
+    h.lease_deadline = Ms(lease);
     if (!in.rest().empty()) return Damaged("bytes after an in-progress record");
   } else {
     r.response = std::string(in.rest());
@@ -212,8 +212,9 @@ Result<core::EntityHead> DecodeEntity(std::string_view value) {
   core::EntityHead e;
   std::uint64_t attempt = 0;
   std::int64_t lease = 0, expires = 0;
-  if (!in.Varint(e.applied) || !in.Varint(e.in_progress) || !in.Varint(e.token) ||
-      !in.Varint(attempt) || !in.Zigzag(lease) || !in.Zigzag(expires) || !in.rest().empty()) {
+  if (!in.Unsigned(7, e.applied) || !in.Unsigned(7, e.in_progress) || !in.Unsigned(7, e.token) ||
+      !in.Unsigned(4, attempt) || !in.Signed(6, lease) || !in.Signed(6, expires) ||
+      !in.rest().empty()) {
     return Damaged("a truncated entity");
   }
   e.attempt = static_cast<std::uint32_t>(attempt);
@@ -227,8 +228,8 @@ Result<StoredSession> DecodeSession(std::string_view value) {
   StoredSession s;
   std::uint64_t window = 0, ttl = 0;
   std::int64_t expires = 0;
-  if (!in.Varint(s.low_water) || !in.Varint(window) || !in.Varint(ttl) || !in.Zigzag(expires) ||
-      !in.rest().empty()) {
+  if (!in.Unsigned(7, s.low_water) || !in.Unsigned(4, window) || !in.Unsigned(7, ttl) ||
+      !in.Signed(6, expires) || !in.rest().empty()) {
     return Damaged("a truncated session");
   }
   s.window = static_cast<std::uint32_t>(window);

@@ -12,15 +12,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-void PutVarint(std::string& s, std::uint64_t v) {
-  while (v >= 0x80) {
-    s.push_back(static_cast<char>(0x80 | (v & 0x7f)));
-    v >>= 7;
-  }
-  s.push_back(static_cast<char>(v));
-}
-void PutZigzag(std::string& s, std::int64_t v) {
-  PutVarint(s, (static_cast<std::uint64_t>(v) << 1) ^ static_cast<std::uint64_t>(v >> 63));
+// Little-endian, `bytes` wide (struct.pack's In / in).
+void Put(std::string& s, int bytes, std::int64_t v) {
+  for (int i = 0; i < bytes; ++i)
+    s.push_back(static_cast<char>(static_cast<std::uint64_t>(v) >> (8 * i)));
 }
 Timestamp Ms(std::int64_t ms) { return Timestamp(std::chrono::milliseconds(ms)); }
 
@@ -75,11 +70,11 @@ TEST(KeyTest, PrefixPatternEscapesGlobCharacters) {
 
 TEST(DecodeRecordTest, WideInProgress) {
   std::string v(1, static_cast<char>(0x80 | 4));
-  PutVarint(v, 1'700'000'000'123'456);  // token
-  PutVarint(v, 3);                      // attempt
-  PutZigzag(v, 1'700'000'000'000);      // created
-  PutZigzag(v, 90'000);                 // expires - created
-  PutZigzag(v, 30'000);                 // lease - created
+  Put(v, 7, 1'700'000'000'123'456);  // token
+  Put(v, 4, 3);                      // attempt
+  Put(v, 6, 1'700'000'000'000);      // created
+  Put(v, 6, 1'700'000'090'000);      // expires
+  Put(v, 6, 1'700'000'030'000);      // lease deadline
   v.append(32, '\x5a');
   auto r = DecodeRecord(v, -1);
   ASSERT_TRUE(r.has_value()) << r.error().ToString();
@@ -96,10 +91,10 @@ TEST(DecodeRecordTest, WideInProgress) {
 
 TEST(DecodeRecordTest, WideCompletedWithResponse) {
   std::string v(1, static_cast<char>(0x80 | 2));
-  PutVarint(v, 7);
-  PutVarint(v, 1);
-  PutZigzag(v, -5);  // times before the epoch work too
-  PutZigzag(v, 10);
+  Put(v, 7, 7);
+  Put(v, 4, 1);
+  Put(v, 6, -5);  // times before the epoch work too
+  Put(v, 6, 5);
   v.append(std::string("\0resp", 5));
   auto r = DecodeRecord(v, -1);
   ASSERT_TRUE(r.has_value()) << r.error().ToString();
@@ -148,12 +143,12 @@ TEST(DecodeRecordTest, DamageIsDataLoss) {
 
 TEST(DecodeEntityTest, ReadsEveryField) {
   std::string v(1, static_cast<char>(0x80));
-  PutVarint(v, 4);     // applied
-  PutVarint(v, 5);     // in progress
-  PutVarint(v, 99);    // token
-  PutVarint(v, 2);     // attempt
-  PutZigzag(v, 1000);  // lease
-  PutZigzag(v, 2000);  // expires
+  Put(v, 7, 4);     // applied
+  Put(v, 7, 5);     // in progress
+  Put(v, 7, 99);    // token
+  Put(v, 4, 2);     // attempt
+  Put(v, 6, 1000);  // lease
+  Put(v, 6, 2000);  // expires
   auto e = DecodeEntity(v);
   ASSERT_TRUE(e.has_value()) << e.error().ToString();
   EXPECT_EQ(e->applied, 4u);
@@ -168,10 +163,10 @@ TEST(DecodeEntityTest, ReadsEveryField) {
 
 TEST(DecodeSessionTest, ReadsEveryField) {
   std::string v;
-  PutVarint(v, 12);
-  PutVarint(v, 1024);
-  PutVarint(v, 600'000);
-  PutZigzag(v, 1'700'000'600'000);
+  Put(v, 7, 12);
+  Put(v, 4, 1024);
+  Put(v, 7, 600'000);
+  Put(v, 6, 1'700'000'600'000);
   auto s = DecodeSession(v);
   ASSERT_TRUE(s.has_value()) << s.error().ToString();
   EXPECT_EQ(s->low_water, 12u);

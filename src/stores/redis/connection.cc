@@ -321,16 +321,20 @@ bool Connection::Enqueue(Call* call) {
 }
 
 bool Connection::Wait(Call* call) {
-  std::unique_lock<std::mutex> lock(call->mu);
-  call->cv.wait(lock, [call] { return call->state != 0; });
-  return call->state == 2;
+  int state = call->state.load(std::memory_order_acquire);
+  while (state == 0) {
+    call->state.wait(0, std::memory_order_acquire);
+    state = call->state.load(std::memory_order_acquire);
+  }
+  return state == 2;
 }
 
-void Connection::Complete(Call* call, bool notify) {
-  std::lock_guard<std::mutex> lock(call->mu);
-  call->state = 1;
-  // Notified under the lock: the waiter cannot return (and destroy the call) before.
-  if (notify) call->cv.notify_one();
+void Connection::Complete(Call* call, int state) {
+  // Once the store is seen, the caller may return and destroy the call: the notify touches
+  // only the futex word's address (a wake-up at an address nobody waits on is harmless), never
+  // the call's memory.
+  call->state.store(state, std::memory_order_release);
+  call->state.notify_one();
 }
 
 void Connection::Start(Round& round) {
@@ -430,13 +434,13 @@ void Connection::Finish(Round& round) {
       c->status = round.error;
     }
     if (!c->status.ok()) c->got.clear();
-    Complete(c, true);
+    Complete(c, 1);
   }
   for (Call* c : failed_behind) {
     c->sent = false;
     c->status = round.error;
     c->got.clear();
-    Complete(c, true);
+    Complete(c, 1);
   }
   // Pass the lead to the first caller queued meanwhile, or put it down.
   Call* next = nullptr;
@@ -448,11 +452,7 @@ void Connection::Finish(Round& round) {
       next = queue_.front();
     }
   }
-  if (next != nullptr) {
-    std::lock_guard<std::mutex> lock(next->mu);
-    next->state = 2;
-    next->cv.notify_one();
-  }
+  if (next != nullptr) Complete(next, 2);
   round.calls.clear();
 }
 

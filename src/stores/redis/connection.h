@@ -23,7 +23,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -92,10 +91,8 @@ struct Call {
   Status status;
   bool sent = false;  // the commands may have reached the server
 
-  // Internal: 0 queued, 1 done, 2 must lead.
-  int state = 0;
-  std::mutex mu;
-  std::condition_variable cv;
+  // Internal: 0 queued, 1 done, 2 must lead. Set by the leader, waited on by the caller.
+  std::atomic<int> state{0};
 };
 
 class Connection {
@@ -132,7 +129,7 @@ class Connection {
   Status WriteAll(std::string_view bytes, std::chrono::steady_clock::time_point deadline);
   Result<Reply> ReadReply(std::chrono::steady_clock::time_point deadline);
   Status Error(std::string_view what) const;
-  static void Complete(Call* call, bool notify);
+  static void Complete(Call* call, int state);
 
   const Endpoint endpoint_;
   const ConnectionOptions options_;

@@ -222,6 +222,10 @@ TEST(RedisWaitTest, AnswersOnlyOnceReplicasHaveTheWrite) {
         return info.has_value() && info->find("state=online") != std::string::npos;
       },
       10s));
+  // A generous timeout now: WAIT returns as soon as the replica acknowledges.
+  o.wait_timeout = 10s;
+  store = Open(o);
+  ASSERT_NE(store, nullptr);
   EXPECT_TRUE(Finish(*store, "k2", "replicated"));
   EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "k2"}), "replicated"));
 }

@@ -45,7 +45,7 @@ void Reset(Call& c) {
   c.got.clear();
   c.status = OkStatus();
   c.sent = false;
-  c.state = 0;
+  c.state.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace
