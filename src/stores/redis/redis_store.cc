@@ -59,38 +59,36 @@ bool WroteIfSessionInfo(const redisReply& r) {
   return r.type == REDIS_REPLY_ARRAY && r.elements == 4;
 }
 
-// EVALSHA of one script on one key.
+// EVALSHA of one script on one key, formatted as the arguments come.
 class ScriptCall {
  public:
-  ScriptCall(ScriptId id, std::string key, Wrote wrote) : script_(GetScript(id)) {
+  ScriptCall(ScriptId id, std::string key, Wrote wrote) {
+    const redis::Script& script = GetScript(id);
+    command_.Arg("EVALSHA").Arg(script.sha).Arg(std::int64_t{1}).Arg(key);
     request_.key = std::move(key);
     request_.wrote = wrote;
-    request_.script = &script_;
+    request_.script = &script;
   }
   ScriptCall& Arg(std::string_view a) {
-    args_.push_back(std::string(a));
+    command_.Arg(a);
     return *this;
   }
   ScriptCall& Arg(std::int64_t n) {
-    args_.push_back(std::to_string(n));
+    command_.Arg(n);
     return *this;
   }
   ScriptCall& UArg(std::uint64_t n) {
-    args_.push_back(std::to_string(n));
+    command_.UArg(n);
     return *this;
   }
   Request Take() {
-    Command c;
-    c.Arg("EVALSHA").Arg(script_.sha).Arg(std::int64_t{1}).Arg(request_.key);
-    for (const std::string& a : args_) c.Arg(a);
-    c.AppendTo(request_.command);
+    command_.AppendTo(request_.command);
     return std::move(request_);
   }
 
  private:
-  const redis::Script& script_;
+  Command command_;
   Request request_;
-  std::vector<std::string> args_;
 };
 
 Status Unexpected(std::string_view op, const redisReply& r) {

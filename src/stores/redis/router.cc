@@ -4,7 +4,6 @@
 #include <charconv>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 
 #include "stores/redis/scripts.h"
 
@@ -228,8 +227,10 @@ std::vector<Result<Reply>> Router::RunMany(std::span<const Request> requests) {
 
 void Router::Round(std::span<Attempt> attempts) {
   // Send: one connection per node for this round, so each node gets one pipeline.
-  std::unordered_map<Node*, Connection*> picked;
+  // Nodes are few: a list beats a hash map here.
+  std::vector<std::pair<Node*, Connection*>> picked;
   std::vector<Attempt*> sent;
+  sent.reserve(attempts.size());
   for (Attempt& a : attempts) {
     if (a.result.has_value()) continue;
     a.node = a.ask != nullptr ? a.ask : NodeForSlot(a.slot);
@@ -239,8 +240,9 @@ void Router::Round(std::span<Attempt> attempts) {
       if (a.tries >= kMaxTries) a.result = UnavailableError("redis: " + a.problem);
       continue;
     }
-    auto [it, fresh] = picked.try_emplace(a.node, nullptr);
-    if (fresh) it->second = &a.node->Pick();
+    auto it = std::find_if(picked.begin(), picked.end(),
+                           [&a](const auto& p) { return p.first == a.node; });
+    if (it == picked.end()) it = picked.insert(it, {a.node, &a.node->Pick()});
     a.connection = it->second;
     a.out.clear();
     int replies = 1;
