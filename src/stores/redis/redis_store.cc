@@ -42,7 +42,7 @@ std::string_view FingerprintArg(const std::optional<Fingerprint>& fp) {
 bool IsInt(const redisReply* r) { return r != nullptr && r->type == REDIS_REPLY_INTEGER; }
 
 // What each script's reply says about whether it changed data (for WAIT).
-using Wrote = bool (*)(const redisReply&);
+using Wrote = redis::Wrote;
 bool FirstIs(const redisReply& r, long long code) {
   return r.type == REDIS_REPLY_ARRAY && r.elements > 0 && IsInt(r.element[0]) &&
          r.element[0]->integer == code;
@@ -57,6 +57,20 @@ bool WroteIfApplied(const redisReply& r) { return r.type == REDIS_REPLY_INTEGER 
 bool WroteIfPositive(const redisReply& r) { return r.type == REDIS_REPLY_INTEGER && r.integer > 0; }
 bool WroteIfSessionInfo(const redisReply& r) {
   return r.type == REDIS_REPLY_ARRAY && r.elements == 4;
+}
+bool WroteIfAnyAcquired(const redisReply& r) {
+  if (r.type != REDIS_REPLY_ARRAY) return false;
+  for (std::size_t i = 0; i < r.elements; ++i) {
+    if (WroteIfAcquired(*r.element[i])) return true;
+  }
+  return false;
+}
+bool WroteIfAnyApplied(const redisReply& r) {
+  if (r.type != REDIS_REPLY_ARRAY) return false;
+  for (std::size_t i = 0; i < r.elements; ++i) {
+    if (WroteIfApplied(*r.element[i])) return true;
+  }
+  return false;
 }
 
 // EVALSHA of one script on one key, formatted as the arguments come.
@@ -224,6 +238,22 @@ class RedisStore final : public Store {
   }
 
   std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs) override {
+    if (!router_->cluster()) {
+      // One node: a script call per chunk of the batch, not per key.
+      return RunManyBatch<BeginAnswer>(
+          reqs, [this](const BeginRequest& r) { return core::CheckBegin(r, max_key_bytes_); },
+          ScriptId::kBeginMany, WroteIfAnyAcquired,
+          [this](Command& c, std::int64_t now) { c.Arg(now).Arg(abandoned_); },
+          [](Command& c, const BeginRequest& r) {
+            c.Arg(r.lease.count()).Arg(FingerprintArg(r.fingerprint));
+          },
+          [](const redisReply& r) -> Result<BeginAnswer> {
+            auto parsed = ParseBegin("begin", r);
+            if (!parsed.has_value()) return parsed.error();
+            if (!parsed->has_value()) return Unexpected("begin", r);
+            return std::move(**parsed);
+          });
+    }
     return RunBatch<BeginAnswer>(
         reqs, [this](const BeginRequest& r) { return core::CheckBegin(r, max_key_bytes_); },
         [this](const BeginRequest& r, std::int64_t now) { return BeginCall(r, now); },
@@ -231,6 +261,24 @@ class RedisStore final : public Store {
   }
 
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
+    if (!router_->cluster()) {
+      return RunManyBatch<WriteAnswer>(
+          reqs, [this](const CompleteRequest& r) { return core::CheckComplete(r, max_key_bytes_); },
+          ScriptId::kCompleteMany, WroteIfAnyApplied,
+          [](Command& c, std::int64_t now) { c.Arg(now); },
+          [](Command& c, const CompleteRequest& r) {
+            c.UArg(r.token)
+                .Arg(std::int64_t{r.outcome == Outcome::kFailure ? 1 : 0})
+                .Arg(r.retention.count())
+                .Arg(r.response);
+          },
+          [](const redisReply& r) -> Result<WriteAnswer> {
+            auto parsed = ParseWrite("complete", r);
+            if (!parsed.has_value()) return parsed.error();
+            if (!parsed->has_value()) return Unexpected("complete", r);
+            return **parsed;
+          });
+    }
     return RunBatch<WriteAnswer>(
         reqs, [this](const CompleteRequest& r) { return core::CheckComplete(r, max_key_bytes_); },
         [this](const CompleteRequest& r, std::int64_t now) { return CompleteCall(r, now); },
@@ -618,6 +666,72 @@ class RedisStore final : public Store {
     if (!requests.empty()) {
       std::vector<Result<Reply>> replies = router_->RunMany(requests);
       for (std::size_t j = 0; j < replies.size(); ++j) answers[index[j]].emplace(read(replies[j]));
+    }
+    std::vector<Result<Answer>> out;
+    out.reserve(reqs.size());
+    for (auto& a : answers) out.push_back(std::move(*a));
+    return out;
+  }
+
+  // A batch on one node: the valid requests in chunks, each chunk one call of `script` with
+  // the chunk's keys, `head` arguments, then `each` request's arguments; `read` turns each
+  // element of the reply into an answer.
+  template <typename Answer, typename Req, typename Check, typename Head, typename Each,
+            typename Read>
+  std::vector<Result<Answer>> RunManyBatch(std::span<const Req> reqs, Check check, ScriptId script,
+                                           redis::Wrote wrote, Head head, Each each, Read read) {
+    constexpr std::size_t kChunk = 256;  // keeps each script call short
+    std::vector<std::optional<Result<Answer>>> answers(reqs.size());
+    std::vector<std::size_t> valid;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      Status st = check(reqs[i]);
+      if (st.ok()) {
+        valid.push_back(i);
+      } else {
+        answers[i].emplace(std::move(st));
+      }
+    }
+    const std::int64_t now = Now();
+    const redis::Script& s = GetScript(script);
+    std::vector<Request> requests;
+    for (std::size_t at = 0; at < valid.size(); at += kChunk) {
+      const std::size_t n = std::min(kChunk, valid.size() - at);
+      Command c;
+      c.Arg("EVALSHA").Arg(s.sha).UArg(n);
+      Request request;
+      for (std::size_t j = 0; j < n; ++j) {
+        const Req& r = reqs[valid[at + j]];
+        std::string key = redis::RecordKey(prefix_, r.scope, r.key);
+        c.Arg(key);
+        if (j == 0) request.key = std::move(key);
+      }
+      head(c, now);
+      for (std::size_t j = 0; j < n; ++j) each(c, reqs[valid[at + j]]);
+      c.AppendTo(request.command);
+      request.wrote = wrote;
+      request.script = &s;
+      requests.push_back(std::move(request));
+    }
+    std::vector<Result<Reply>> replies = router_->RunMany(requests);
+    for (std::size_t chunk = 0; chunk < replies.size(); ++chunk) {
+      const std::size_t first = chunk * kChunk;
+      const std::size_t n = std::min(kChunk, valid.size() - first);
+      const Result<Reply>& reply = replies[chunk];
+      Status failed;
+      if (!reply.has_value()) {
+        failed = reply.error();
+      } else if ((*reply)->type == REDIS_REPLY_ERROR) {
+        failed = Refused("batch", **reply);
+      } else if ((*reply)->type != REDIS_REPLY_ARRAY || (*reply)->elements != n) {
+        failed = Unexpected("batch", **reply);
+      }
+      for (std::size_t j = 0; j < n; ++j) {
+        if (!failed.ok()) {
+          answers[valid[first + j]].emplace(failed);
+        } else {
+          answers[valid[first + j]].emplace(read(*(*reply)->element[j]));
+        }
+      }
     }
     std::vector<Result<Answer>> out;
     out.reserve(reqs.size());

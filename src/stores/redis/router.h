@@ -38,6 +38,9 @@ struct RouterOptions {
   std::size_t connections_per_node = 2;
 };
 
+// Judges from a command's reply whether it changed data (see Call::wrote).
+using Wrote = bool (*)(const redisReply&);
+
 // One command, sent to the node that owns `key`.
 struct Request {
   std::string key;                             // decides the slot

@@ -241,6 +241,74 @@ if h == 132 or resp ~= '' or attempt > 8 then
 end
 )lua";
 
+// Batches on one node: KEYS are the records, ARGV now, abandoned retention, then lease and
+// fingerprint per key. One TIME for the batch. New keys are taken in the first pass; keys that
+// hold something are decided in a second pass, in batch order, each on a fresh read (an earlier
+// entry of the batch may have changed it).
+constexpr std::string_view kBeginManyFast = R"lua(
+local abandoned = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local tok = t[1] * 1000000 + t[2]
+local out, slow = {}, {}
+for i = 1, #KEYS do
+  local deadline, fp = now + tonumber(ARGV[2 * i + 1]), ARGV[2 * i + 2]
+  local h = 128
+  if fp ~= '' then h = 132 end
+  local v = redis.call('SET', KEYS[i],
+                       struct.pack('<BI7I4i6i6i6', h, tok, 1, now, deadline + abandoned, deadline) ..
+                         fp,
+                       'NX', 'PX', string.format('%.0f', deadline + abandoned - now + 10000), 'GET')
+  if v then
+    slow[#slow + 1] = i
+  else
+    out[i] = {0, tok, 1, deadline}
+  end
+end
+if #slow == 0 then return out end
+)lua";
+
+// KEYS are the records, ARGV now, then token, outcome, retention, response per key.
+constexpr std::string_view kCompleteManyFast = R"lua(
+local out, server = {}, nil
+for i = 1, #KEYS do
+  local k, b = KEYS[i], 4 * i - 2
+  local v = redis.call('GET', k)
+  out[i] = 1
+  local h = v and string.byte(v, 1)
+  if h == 128 or h == 132 then
+    local _, tok, attempt, created, expires, lease, j = struct.unpack('<BI7I4i6i6i6', v)
+    if now < expires and tok == tonumber(ARGV[b]) then
+      local kind, resp = 1 + tonumber(ARGV[b + 1]), ARGV[b + 3]
+      expires = now + tonumber(ARGV[b + 2])
+      local n
+      if h == 128 and resp == '' and attempt <= 8 then
+        if not server then
+          local t = redis.call('TIME')
+          server = t[1] * 1000 + (t[2] - t[2] % 1000) / 1000
+        end
+        local dt = tok - created * 1000
+        local zt = dt * 2
+        if dt < 0 then zt = -dt * 2 - 1 end
+        local ttl = expires - created
+        if math.abs(server - now) <= 1000 and ttl < 268435456 and zt < 2097152 then
+          n = (((kind - 1) * 8 + attempt - 1) * 2097152 + zt) * 268435456 + ttl
+        end
+      end
+      if n then
+        redis.call('SET', k, string.format('%.0f', n), 'PXAT', string.format('%.0f', expires + 10000))
+      else
+        local fp = ''
+        if h == 132 then fp = string.sub(v, j, j + 31) end
+        redis.call('SET', k, struct.pack('<BI7I4i6i6', h + kind, tok, attempt, created, expires) ..
+                               fp .. resp, 'PX', string.format('%.0f', expires - now + 10000))
+      end
+      out[i] = 0
+    end
+  end
+end
+do return out end
+)lua";
+
 constexpr Body kBodies[] = {
     {ScriptId::kBegin, "begin", kBeginFast, kRecordWrite | kNeedsToken | kNeedsBeginDecision,
      R"lua(
@@ -430,6 +498,20 @@ e.expires = now + tonumber(ARGV[3])
 eput(e)
 return 0
 )lua"},
+    {ScriptId::kBeginMany, "begin_many", kBeginManyFast,
+     kRecordWrite | kNeedsToken | kNeedsBeginDecision, R"lua(
+for _, i in ipairs(slow) do
+  key = KEYS[i]
+  local fp = ARGV[2 * i + 2]
+  if fp == '' then fp = nil end
+  local reply, taken = begin(redis.call('GET', key), key, tonumber(ARGV[2 * i + 1]), abandoned,
+                             fp, tok)
+  if taken then rput(taken) end
+  out[i] = reply
+end
+return out
+)lua"},
+    {ScriptId::kCompleteMany, "complete_many", kCompleteManyFast, 0, ""},
     {ScriptId::kReleaseVersioned, "release_versioned", "", kNeedsEntity, R"lua(
 -- ARGV: now, token
 local v = redis.call('GET', key)

@@ -47,6 +47,9 @@ enum class ScriptId : std::uint8_t {
   kBeginVersioned,
   kCompleteVersioned,
   kReleaseVersioned,
+  // One node only (the keys may be in any slots): a batch in one call.
+  kBeginMany,
+  kCompleteMany,
   kCount,
 };
 
