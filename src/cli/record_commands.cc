@@ -55,6 +55,8 @@ OpenedStore Open(const Command& self, std::string_view url) {
     if (!HoldsLogFiles(log->dir)) {
       return {nullptr, Failure(self, "no log store at " + log->dir + ": no .log or .snap files")};
     }
+  } else if (auto* redis = std::get_if<RedisStoreOptions>(&*config)) {
+    redis->max_key_bytes = kOperatorMaxKeyBytes;
   } else {
     auto& memory = std::get<MemoryStoreOptions>(*config);
     memory.reclaim_interval = std::chrono::milliseconds(0);
@@ -199,9 +201,11 @@ int RunStats(const Command& self, const Args& args) {
 
 #define IDEM_CLI_STORE_URL_HELP                                                             \
   "STORE_URL is log:DIR[?sync=always|none|interval:MS] (the log store in DIR, which must\n" \
-  "already exist and must not be open in another process: stop its server first) or\n"      \
-  "memory: (a new, empty memory store; only useful for trying the tool out).\n"             \
-  "redis:// and postgres:// stores are not supported yet.\n"
+  "already exist and must not be open in another process: stop its server first),\n"        \
+  "memory: (a new, empty memory store; only useful for trying the tool out), or\n"          \
+  "redis://HOST:PORT[?OPTIONS] or redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS] (a Redis\n" \
+  "store; docs/redis.md lists the options).\n"                                              \
+  "postgres:// stores are not supported yet.\n"
 
 }  // namespace
 

@@ -1825,6 +1825,11 @@ TEST_P(StoreReopenTest, EntityVersionSurvivesReopen) {
 
 // ==== the stores ===============================================================================
 
+// A store whose suite runs in a binary of its own (its tests carry its own label and need its
+// server) compiles this file with IDEM_STORE_CONTRACT_SUITE_ONLY and brings its own
+// INSTANTIATE lines: src/stores/redis/redis_contract_test.cc.
+#ifndef IDEM_STORE_CONTRACT_SUITE_ONLY
+
 const StoreUnderTest kMemory{
     .name = "memory",
     .make =
@@ -1882,6 +1887,7 @@ INSTANTIATE_TEST_SUITE_P(Log, StoreCountsTest,
                          ::testing::Values(kLogAlways, kLogInterval, kLogNone), StoreUnderTestName);
 INSTANTIATE_TEST_SUITE_P(Log, StoreReopenTest,
                          ::testing::Values(kLogAlways, kLogInterval, kLogNone), StoreUnderTestName);
+#endif  // IDEM_STORE_CONTRACT_SUITE_ONLY
 
 }  // namespace
 }  // namespace idem

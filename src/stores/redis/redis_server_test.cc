@@ -1,0 +1,419 @@
+// The Redis store against servers this test starts for itself: it fails closed when a server
+// stops answering, dies or answers nonsense, and recovers by itself; WAIT; the compact form;
+// MOVED and ASK while a slot moves between nodes; a failover that loses no acknowledged key.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "idem/stores/redis.h"
+#include "stores/redis/codec.h"
+#include "stores/redis/redis_test_servers.h"
+#include "stores/redis/slots.h"
+#include "tests/support/fake_clock.h"
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+using redis::testing::Cluster;
+using redis::testing::CmdText;
+using redis::testing::Eventually;
+using redis::testing::RedisServer;
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+
+std::unique_ptr<Store> Open(RedisStoreOptions o) {
+  auto store = OpenRedisStore(o);
+  if (!store.has_value()) {
+    ADD_FAILURE() << store.error().ToString();
+    return nullptr;
+  }
+  return std::move(*store);
+}
+
+RedisStoreOptions SingleNode(const RedisServer& s) {
+  RedisStoreOptions o;
+  o.nodes = {s.address()};
+  o.connect_timeout = 300ms;
+  o.command_timeout = 300ms;
+  return o;
+}
+
+bool IsAcquired(const Result<BeginAnswer>& r) {
+  return r.has_value() && std::holds_alternative<Acquired>(*r);
+}
+std::string Show(const Result<BeginAnswer>& r) {
+  if (!r.has_value()) return r.error().ToString();
+  return std::string(BeginAnswerName(*r));
+}
+::testing::AssertionResult IsReplayOf(const Result<BeginAnswer>& r, std::string_view response) {
+  if (r.has_value() && std::holds_alternative<Replay>(*r) &&
+      std::get<Replay>(*r).response == response) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "got " << Show(r);
+}
+
+// Acquires and completes `key` with `response`; success when both were acknowledged.
+::testing::AssertionResult Finish(Store& store, std::string_view key, std::string_view response) {
+  auto a = store.Begin(BeginRequest{.scope = "s", .key = key});
+  if (!IsAcquired(a)) return ::testing::AssertionFailure() << "begin: " << Show(a);
+  auto c = store.Complete(CompleteRequest{
+      .scope = "s", .key = key, .token = std::get<Acquired>(*a).token, .response = response});
+  if (!c.has_value()) return ::testing::AssertionFailure() << "complete: " << c.error().ToString();
+  if (*c != WriteAnswer::kApplied) return ::testing::AssertionFailure() << "complete: lease lost";
+  return ::testing::AssertionSuccess();
+}
+
+// ---- fail closed on one node --------------------------------------------------------------
+
+TEST(RedisFailClosedTest, StoppedServerIsUnavailableWithinTheTimeoutThenRecovers) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.has_value()) << server.error().ToString();
+  auto store = Open(SingleNode(**server));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(Finish(*store, "before", "r"));
+
+  ASSERT_TRUE((*server)->Signal(SIGSTOP).ok());
+  // Every caller, concurrent ones included, hears kUnavailable, and soon.
+  constexpr int kThreads = 8;
+  std::vector<Result<BeginAnswer>> got(kThreads, Result<BeginAnswer>(Conflict{}));
+  std::vector<milliseconds> took(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const auto start = std::chrono::steady_clock::now();
+      got[t] = store->Begin(BeginRequest{.scope = "s", .key = "k" + std::to_string(t)});
+      took[t] = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(got[t].status().code(), StatusCode::kUnavailable) << Show(got[t]);
+    EXPECT_THAT(got[t].status().message(), HasSubstr((*server)->address()));
+    // One command timeout, plus a connect and another timeout at worst; never unbounded.
+    EXPECT_LT(took[t], 2s) << "thread " << t;
+  }
+  EXPECT_EQ(store->Get("s", "before").status().code(), StatusCode::kUnavailable);
+
+  ASSERT_TRUE((*server)->Signal(SIGCONT).ok());
+  // The same store, not reopened, answers again.
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "before"}), "r"));
+  EXPECT_TRUE(Finish(*store, "after", "r2"));
+}
+
+TEST(RedisFailClosedTest, KilledServerIsUnavailableAndARestartIsPickedUp) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.has_value()) << server.error().ToString();
+  auto store = Open(SingleNode(**server));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(Finish(*store, "k1", "r"));
+
+  ASSERT_TRUE((*server)->Kill().ok());
+  auto dead = store->Begin(BeginRequest{.scope = "s", .key = "k2"});
+  EXPECT_EQ(dead.status().code(), StatusCode::kUnavailable) << Show(dead);
+  EXPECT_THAT(dead.status().message(), HasSubstr((*server)->address()));
+  EXPECT_EQ(store->Stats().status().code(), StatusCode::kUnavailable);
+
+  ASSERT_TRUE((*server)->Restart().ok());
+  // Persistence is off: the restarted server knows nothing, and the store works at once.
+  EXPECT_TRUE(Finish(*store, "k1", "again"));
+
+  // A restart while the store is idle: its connections are dead, and it notices before use.
+  ASSERT_TRUE((*server)->Kill().ok());
+  ASSERT_TRUE((*server)->Restart().ok());
+  EXPECT_TRUE(Finish(*store, "k3", "r3"));
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "k3"}), "r3"));
+}
+
+// A "server" that answers the handshake and then nonsense.
+class Impostor {
+ public:
+  explicit Impostor(std::string answer) : answer_(std::move(answer)) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    IDEM_CHECK(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    IDEM_CHECK(::listen(listen_fd_, 8) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~Impostor() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    thread_.join();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void Serve() {
+    while (true) {
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      char buf[4096];
+      // First command (PING): a proper answer; every later one: the nonsense.
+      bool first = true;
+      while (true) {
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        const std::string& out = first ? pong_ : answer_;
+        first = false;
+        if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
+      }
+      ::close(fd);
+    }
+  }
+  const std::string pong_ = "+PONG\r\n";
+  std::string answer_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST(RedisFailClosedTest, UnexpectedRepliesAreUnavailable) {
+  for (const std::string& answer : {std::string("HTTP/1.1 400 Bad Request\r\n\r\n"),
+                                    std::string(":5\r\n"), std::string("*1\r\n:9\r\n")}) {
+    SCOPED_TRACE(answer);
+    Impostor impostor(answer);
+    RedisStoreOptions o;
+    o.nodes = {impostor.address()};
+    o.connections_per_node = 1;
+    auto store = Open(o);
+    ASSERT_NE(store, nullptr);
+    auto got = store->Begin(BeginRequest{.scope = "s", .key = "k"});
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << Show(got);
+  }
+}
+
+// ---- WAIT -----------------------------------------------------------------------------------
+
+TEST(RedisWaitTest, AnswersOnlyOnceReplicasHaveTheWrite) {
+  auto master = RedisServer::Start();
+  ASSERT_TRUE(master.has_value()) << master.error().ToString();
+  RedisStoreOptions o = SingleNode(**master);
+  o.wait_replicas = 1;
+  o.wait_timeout = 100ms;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+  // No replica: the write happened on the master but is not acknowledged.
+  auto lonely = store->Begin(BeginRequest{.scope = "s", .key = "k"});
+  EXPECT_EQ(lonely.status().code(), StatusCode::kUnavailable) << Show(lonely);
+  EXPECT_THAT(lonely.status().message(), HasSubstr("0 of the 1 replicas"));
+  // Reads need no replica.
+  EXPECT_TRUE(store->Get("s", "k").has_value());
+
+  auto replica =
+      RedisServer::Start({"--replicaof", "127.0.0.1", std::to_string((*master)->port())});
+  ASSERT_TRUE(replica.has_value()) << replica.error().ToString();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto info = CmdText((*master)->port(), {"INFO", "replication"});
+        return info.has_value() && info->find("state=online") != std::string::npos;
+      },
+      10s));
+  // A generous timeout now: WAIT returns as soon as the replica acknowledges.
+  o.wait_timeout = 10s;
+  store = Open(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(Finish(*store, "k2", "replicated"));
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "k2"}), "replicated"));
+}
+
+// ---- the compact form ------------------------------------------------------------------------
+
+// A completed record without fingerprint or response, written by a caller whose clock agrees
+// with the server's, is stored as one integer; it reads back exactly.
+TEST(RedisCompactTest, CompletedRecordIsOneIntegerAndReadsBackExactly) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.has_value()) << server.error().ToString();
+  // The caller's clock must agree with the server's for the compact form: start at the
+  // system's time (the only test here that reads it).
+  testing::FakeClock clock(Timestamp(std::chrono::duration_cast<milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch())));
+  RedisStoreOptions o = SingleNode(**server);
+  o.clock = &clock;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  const Timestamp t0 = clock.Now();
+  auto a = store->Begin(BeginRequest{.scope = "", .key = key});
+  ASSERT_TRUE(IsAcquired(a)) << Show(a);
+  const Acquired acquired = std::get<Acquired>(*a);
+  clock.Advance(250ms);
+  ASSERT_THAT(store->Complete(CompleteRequest{.scope = "",
+                                              .key = key,
+                                              .token = acquired.token,
+                                              .outcome = Outcome::kFailure,
+                                              .retention = 24h}),
+              ::testing::Optional(WriteAnswer::kApplied));
+  const std::string redis_key = redis::RecordKey("i:", "", key);
+  EXPECT_THAT(CmdText((*server)->port(), {"OBJECT", "ENCODING", redis_key}),
+              ::testing::Optional(std::string("int")));
+
+  auto got = store->Get("", key);
+  ASSERT_TRUE(got.has_value() && got->has_value()) << got.status().ToString();
+  const Record& r = **got;
+  EXPECT_EQ(r.state, RecordState::kCompleted);
+  EXPECT_EQ(r.outcome, Outcome::kFailure);
+  EXPECT_EQ(r.token, acquired.token);
+  EXPECT_EQ(r.attempt, 1u);
+  EXPECT_EQ(r.created, t0);
+  EXPECT_EQ(r.expires, t0 + 250ms + 24h);
+  EXPECT_EQ(r.response, "");
+  auto replay = store->Begin(BeginRequest{.scope = "", .key = key});
+  ASSERT_TRUE(replay.has_value() && std::holds_alternative<Replay>(*replay)) << Show(replay);
+  EXPECT_EQ(std::get<Replay>(*replay).outcome, Outcome::kFailure);
+
+  // Expiry is the logical one, and the token stays above the old one afterwards.
+  clock.Advance(24h);
+  EXPECT_THAT(store->Get("", key), ::testing::Optional(::testing::Eq(std::nullopt)));
+  auto again = store->Begin(BeginRequest{.scope = "", .key = key});
+  ASSERT_TRUE(IsAcquired(again)) << Show(again);
+  EXPECT_GT(std::get<Acquired>(*again).token, acquired.token);
+  EXPECT_THAT(store->Purge(), ::testing::Optional(0u));
+}
+
+// ---- a cluster of our own: MOVED, ASK -------------------------------------------------------
+
+// A key of `scope` whose Redis key lives in `slot`.
+std::string KeyInSlot(std::string_view scope, int slot, std::string_view avoid = {}) {
+  for (int i = 0;; ++i) {
+    const std::string key = "key-" + std::to_string(i);
+    if (key != avoid && redis::KeySlot(redis::RecordKey("i:", scope, key)) == slot) return key;
+  }
+}
+
+std::string NodeId(int port) { return CmdText(port, {"CLUSTER", "MYID"}).value_or(""); }
+
+TEST(RedisClusterTest, FollowsMovedAndAskWhileASlotMoves) {
+  auto cluster = redis::testing::StartCluster(3, 0, 2000ms);
+  ASSERT_TRUE(cluster.has_value()) << cluster.error().ToString();
+  RedisStoreOptions o;
+  o.cluster = true;
+  o.nodes = {cluster->nodes[0]->address()};
+  o.command_timeout = 2000ms;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+
+  // A slot of node 0, and three keys in it.
+  const std::string first = KeyInSlot("s", 100);
+  const int slot = redis::KeySlot(redis::RecordKey("i:", "s", first));
+  const std::string second = KeyInSlot("s", slot, first);
+  std::string third;
+  for (int i = 0; third.empty(); ++i) {
+    const std::string k = "other-" + std::to_string(i);
+    if (redis::KeySlot(redis::RecordKey("i:", "s", k)) == slot) third = k;
+  }
+  const int src = cluster->nodes[0]->port();
+  const int dst = cluster->nodes[1]->port();
+  ASSERT_TRUE(Finish(*store, first, "one"));
+  auto held = store->Begin(BeginRequest{.scope = "s", .key = second});
+  ASSERT_TRUE(IsAcquired(held)) << Show(held);
+
+  // Start moving the slot to node 1, and move `first` only.
+  const std::string src_id = NodeId(src), dst_id = NodeId(dst);
+  ASSERT_TRUE(CmdText(dst, {"CLUSTER", "SETSLOT", std::to_string(slot), "IMPORTING", src_id}));
+  ASSERT_TRUE(CmdText(src, {"CLUSTER", "SETSLOT", std::to_string(slot), "MIGRATING", dst_id}));
+  ASSERT_TRUE(CmdText(src, {"MIGRATE", "127.0.0.1", std::to_string(dst), "", "0", "5000", "KEYS",
+                            redis::RecordKey("i:", "s", first)}));
+
+  // `first` now answers from node 1 through ASK; `second` still from node 0; a new key of the
+  // slot goes to node 1 (ASK), where the scripts are not loaded yet (NOSCRIPT).
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = first}), "one"));
+  EXPECT_THAT(store->Complete(CompleteRequest{.scope = "s",
+                                              .key = second,
+                                              .token = std::get<Acquired>(*held).token,
+                                              .response = "two"}),
+              ::testing::Optional(WriteAnswer::kApplied));
+  EXPECT_TRUE(Finish(*store, third, "three"));
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = third}), "three"));
+
+  // Finish the move: `second` too goes to node 1 (`third` is there already, or it would be
+  // lost now), and the slot is node 1's (MOVED).
+  ASSERT_TRUE(CmdText(src, {"MIGRATE", "127.0.0.1", std::to_string(dst), "", "0", "5000", "KEYS",
+                            redis::RecordKey("i:", "s", second)}));
+  for (const auto& n : cluster->nodes) {
+    ASSERT_TRUE(CmdText(n->port(), {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", dst_id}));
+  }
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = first}), "one"));
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = second}), "two"));
+  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = third}), "three"));
+  // The operator calls see every master.
+  EXPECT_THAT(store->List(ListFilter{.scope = "s"}), ::testing::Optional(::testing::SizeIs(3u)));
+}
+
+// ---- failover ----------------------------------------------------------------------------------
+
+TEST(RedisClusterTest, FailoverKeepsEveryAcknowledgedKeyWithWait) {
+  auto cluster = redis::testing::StartCluster(3, 1, 1000ms);
+  ASSERT_TRUE(cluster.has_value()) << cluster.error().ToString();
+  RedisStoreOptions o;
+  o.cluster = true;
+  o.nodes = cluster->Addresses();
+  o.connect_timeout = 300ms;
+  o.command_timeout = 1000ms;
+  o.wait_replicas = 1;
+  o.wait_timeout = 2000ms;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+
+  constexpr int kKeys = 300;
+  std::vector<std::string> acknowledged;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = "order-" + std::to_string(i);
+    ASSERT_TRUE(Finish(*store, key, "response-" + std::to_string(i))) << key;
+    acknowledged.push_back(key);
+  }
+  // Kill master 0 (slots 0-5460) outright; its replica takes over within a few node
+  // timeouts, and the store finds it by itself.
+  const int dead = cluster->nodes[0]->port();
+  std::string probe;  // an acknowledged key of the dead master
+  for (const std::string& key : acknowledged) {
+    if (redis::KeySlot(redis::RecordKey("i:", "s", key)) <= 5460) probe = key;
+  }
+  ASSERT_FALSE(probe.empty());
+  ASSERT_TRUE(cluster->nodes[0]->Kill().ok());
+  std::string last;
+  const bool resumed = Eventually(
+      [&] {
+        auto r = store->Begin(BeginRequest{.scope = "s", .key = probe});
+        last = Show(r);
+        return r.has_value();
+      },
+      30s);
+  ASSERT_TRUE(resumed) << "the store did not resume after the failover of 127.0.0.1:" << dead
+                       << "; last answer: " << last;
+  std::vector<BeginRequest> all;
+  for (const std::string& key : acknowledged) all.push_back(BeginRequest{.scope = "s", .key = key});
+  const std::vector<Result<BeginAnswer>> replays = store->BeginBatch(all);
+  for (int i = 0; i < kKeys; ++i) {
+    EXPECT_TRUE(IsReplayOf(replays[static_cast<std::size_t>(i)], "response-" + std::to_string(i)))
+        << acknowledged[static_cast<std::size_t>(i)] << ": "
+        << Show(replays[static_cast<std::size_t>(i)]);
+  }
+
+  // The promoted master has no replica: a new key there cannot be acknowledged (fail closed).
+  const std::string fresh = KeyInSlot("s", 2);
+  auto unreplicated = store->Begin(BeginRequest{.scope = "s", .key = fresh});
+  EXPECT_EQ(unreplicated.status().code(), StatusCode::kUnavailable) << Show(unreplicated);
+  EXPECT_THAT(unreplicated.status().message(), HasSubstr("replicas"));
+  // The old master comes back as the new one's replica; writes are acknowledged again.
+  ASSERT_TRUE(cluster->nodes[0]->Restart().ok());
+  int n = 0;
+  EXPECT_TRUE(Eventually([&] { return Finish(*store, KeyInSlot("s", 3 + n++), "r"); }, 30s));
+}
+
+}  // namespace
+}  // namespace idem
