@@ -4,6 +4,7 @@
 #include <libpq-fe.h>
 #include <netinet/in.h>
 #include <pwd.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -170,7 +171,7 @@ Result<std::unique_ptr<LocalPostgres>> LocalPostgres::Start() {
     if (PortFree(p)) pg->port_ = p;
   }
   if (pg->port_ == 0) return UnavailableError("no free port in 29000-29999");
-  IDEM_RETURN_IF_ERROR(pg->Run("runuser -u postgres -- " + pg->bin_ + "/initdb -D " +
+  IDEM_RETURN_IF_ERROR(pg->Run("runuser -u postgres -- " + pg->bin_ + "/initdb -N -D " +
                                Quote(pg->dir_ + "/data") + " -A trust -U postgres"));
   IDEM_RETURN_IF_ERROR(pg->Restart());
   return pg;
@@ -195,7 +196,34 @@ Status LocalPostgres::Stop() {
   return OkStatus();
 }
 
+Status LocalPostgres::Signal(int sig) {
+  std::ifstream pidfile(dir_ + "/data/postmaster.pid");
+  long postmaster = 0;
+  if (!(pidfile >> postmaster) || postmaster <= 0) return InternalError("no postmaster.pid");
+  std::vector<long> pids = {postmaster};
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    // pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    if (rest >> state >> ppid && ppid == postmaster) pids.push_back(std::stol(name));
+  }
+  for (long pid : pids) ::kill(static_cast<pid_t>(pid), sig);
+  return OkStatus();
+}
+
+Status LocalPostgres::Freeze() { return Signal(SIGSTOP); }
+Status LocalPostgres::Thaw() { return Signal(SIGCONT); }
+
 LocalPostgres::~LocalPostgres() {
+  (void)Thaw();
   if (running_) (void)Stop();
   std::error_code ec;
   if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);

@@ -47,6 +47,9 @@ class LocalPostgres {
   Status Stop();
   // Starts it again on the same port and data.
   Status Restart();
+  // SIGSTOP / SIGCONT to the postmaster and its children: a server that stops answering.
+  Status Freeze();
+  Status Thaw();
   // postgres://postgres@127.0.0.1:PORT/postgres
   std::string conninfo() const;
   std::uint16_t port() const { return port_; }
@@ -54,6 +57,7 @@ class LocalPostgres {
  private:
   LocalPostgres() = default;
   Status Run(const std::string& command) const;
+  Status Signal(int sig);
   std::string dir_;
   std::string bin_;
   std::uint16_t port_ = 0;

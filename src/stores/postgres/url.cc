@@ -111,7 +111,7 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
     }
   }
   if (!rest.empty()) conninfo += "?" + rest;
-  IDEM_RETURN_IF_ERROR(pg::CheckSchemaName(o.schema));
+  if (Status s = pg::CheckSchemaName(o.schema); !s.ok()) return Bad(s.message());
   // libpq has the last word on its own part (host, port, database, sslmode, ...).
   char* error = nullptr;
   PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &error);
