@@ -55,6 +55,10 @@ OpenedStore Open(const Command& self, std::string_view url) {
     if (!HoldsLogFiles(log->dir)) {
       return {nullptr, Failure(self, "no log store at " + log->dir + ": no .log or .snap files")};
     }
+  } else if (auto* pg = std::get_if<PostgresStoreOptions>(&*config)) {
+    pg->reclaim_interval = std::chrono::milliseconds(0);
+    pg->max_key_bytes = kOperatorMaxKeyBytes;
+    pg->pool_size = 1;
   } else {
     auto& memory = std::get<MemoryStoreOptions>(*config);
     memory.reclaim_interval = std::chrono::milliseconds(0);
@@ -199,9 +203,11 @@ int RunStats(const Command& self, const Args& args) {
 
 #define IDEM_CLI_STORE_URL_HELP                                                             \
   "STORE_URL is log:DIR[?sync=always|none|interval:MS] (the log store in DIR, which must\n" \
-  "already exist and must not be open in another process: stop its server first) or\n"      \
+  "already exist and must not be open in another process: stop its server first),\n"       \
+  "postgres://USER@HOST:PORT/DB[?schema=NAME] (a PostgreSQL store whose schema\n"           \
+  "'idem store init URL' created), or\n"                                                    \
   "memory: (a new, empty memory store; only useful for trying the tool out).\n"             \
-  "redis:// and postgres:// stores are not supported yet.\n"
+  "redis:// stores are not supported yet.\n"
 
 }  // namespace
 

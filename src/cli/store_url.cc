@@ -4,7 +4,10 @@
 
 namespace idem {
 
-std::string_view SupportedStoreUrls() { return "log:PATH[?sync=always|none|interval:MS], memory:"; }
+std::string_view SupportedStoreUrls() {
+  return "log:PATH[?sync=always|none|interval:MS], memory:, "
+         "postgres://USER@HOST:PORT/DB[?schema=NAME]";
+}
 
 Result<StoreConfig> ParseStoreUrl(std::string_view url) {
   const std::string quoted = "store URL \"" + std::string(url) + "\"";
@@ -29,7 +32,12 @@ Result<StoreConfig> ParseStoreUrl(std::string_view url) {
     }
     return StoreConfig(MemoryStoreOptions{});
   }
-  if (scheme == "redis" || scheme == "rediss" || scheme == "postgres" || scheme == "postgresql") {
+  if (scheme == "postgres" || scheme == "postgresql") {
+    auto options = ParsePostgresStoreUrl(url);
+    if (!options) return options.error();
+    return StoreConfig(std::move(*options));
+  }
+  if (scheme == "redis" || scheme == "rediss") {
     return InvalidArgumentError(
         quoted + ": " + std::string(scheme) +
         " stores are not supported yet; supported: " + std::string(SupportedStoreUrls()));
@@ -40,6 +48,7 @@ Result<StoreConfig> ParseStoreUrl(std::string_view url) {
 
 Result<std::unique_ptr<Store>> OpenStore(const StoreConfig& config) {
   if (const auto* log = std::get_if<LogStoreOptions>(&config)) return OpenLogStore(*log);
+  if (const auto* pg = std::get_if<PostgresStoreOptions>(&config)) return OpenPostgresStore(*pg);
   return NewMemoryStore(std::get<MemoryStoreOptions>(config));
 }
 

@@ -2,8 +2,9 @@
 //
 //   log:/var/lib/idem[?sync=always|none|interval:<ms>]   the embedded log store
 //   memory:                                              an empty in-process memory store
+//   postgres://USER@HOST:PORT/DB[?schema=NAME&...]       PostgreSQL (also postgresql://)
 //
-// redis:// and postgres:// are recognised and refused as not supported yet. Parsing is
+// redis:// is recognised and refused as not supported yet. Parsing is
 // separate from opening so that a caller can tell a wrong URL (the user's to fix) from a store
 // that fails to open, and can adjust the options in between.
 #ifndef IDEM_CLI_STORE_URL_H_
@@ -17,10 +18,11 @@
 #include "idem/store.h"
 #include "idem/stores/log.h"
 #include "idem/stores/memory.h"
+#include "idem/stores/postgres.h"
 
 namespace idem {
 
-using StoreConfig = std::variant<MemoryStoreOptions, LogStoreOptions>;
+using StoreConfig = std::variant<MemoryStoreOptions, LogStoreOptions, PostgresStoreOptions>;
 
 // One line naming the supported URL forms, for help and error messages.
 std::string_view SupportedStoreUrls();
