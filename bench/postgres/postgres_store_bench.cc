@@ -67,9 +67,9 @@ int main(int argc, char** argv) {
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
-      std::mt19937_64 rng(0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(t + 1) ^
-                          static_cast<std::uint64_t>(
-                              std::chrono::steady_clock::now().time_since_epoch().count()));
+      std::mt19937_64 rng(
+          0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(t + 1) ^
+          static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
       idem::Store& s = **store;
       std::vector<std::string> keys(static_cast<std::size_t>(std::max(batch, 1)));
       std::vector<idem::BeginRequest> begins(keys.size());

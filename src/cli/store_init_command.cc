@@ -16,8 +16,9 @@ int RunInit(const Command& self, const Args& args) {
   if (!config) return UsageError(self, config.error().message());
   auto* pg = std::get_if<PostgresStoreOptions>(&*config);
   if (pg == nullptr) {
-    return UsageError(self, "store init is for postgres:// stores; log: and memory: stores need "
-                            "no init (a log store's directory is created when it is opened)");
+    return UsageError(self,
+                      "store init is for postgres:// stores; log: and memory: stores need "
+                      "no init (a log store's directory is created when it is opened)");
   }
   auto before = PostgresSchemaVersion(*pg);
   if (!before) return Failure(self, before.error().ToString());

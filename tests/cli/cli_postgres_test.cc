@@ -47,8 +47,7 @@ class PostgresCliTest : public ::testing::Test {
     auto conninfo = pg::testing::TestConninfo();
     ASSERT_TRUE(conninfo.has_value()) << conninfo.error().ToString();
     schema_ = pg::testing::FreshSchemaName();
-    url_ = *conninfo + (conninfo->find('?') == std::string::npos ? "?" : "&") +
-           "schema=" + schema_;
+    url_ = *conninfo + (conninfo->find('?') == std::string::npos ? "?" : "&") + "schema=" + schema_;
   }
   std::string schema_;
   std::string url_;

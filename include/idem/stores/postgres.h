@@ -129,8 +129,8 @@ class PgTransaction {
                       std::span<const std::optional<std::string_view>> params = {});
   Result<PgRows> Exec(std::string_view sql,
                       std::initializer_list<std::optional<std::string_view>> params) {
-    return Exec(sql, std::span<const std::optional<std::string_view>>(params.begin(),
-                                                                      params.size()));
+    return Exec(sql,
+                std::span<const std::optional<std::string_view>>(params.begin(), params.size()));
   }
 
   // The first error of Exec (or of the connection), if any.

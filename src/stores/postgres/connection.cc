@@ -114,8 +114,7 @@ Connection::~Connection() {
   if (conn_ != nullptr) PQfinish(conn_);
 }
 
-Result<std::unique_ptr<Connection>> Connection::Open(const std::string& conninfo,
-                                                     Deadline deadline,
+Result<std::unique_ptr<Connection>> Connection::Open(const std::string& conninfo, Deadline deadline,
                                                      std::chrono::milliseconds statement_timeout) {
   // expand_dbname: `conninfo` may be a URI or keyword=value pairs.
   const char* const keys[] = {"dbname", "fallback_application_name", nullptr};
@@ -137,12 +136,13 @@ Result<std::unique_ptr<Connection>> Connection::Open(const std::string& conninfo
     poll_status = PQconnectPoll(raw);
   }
   // Notices ("relation already exists, skipping") are not for idem's users' stderr.
-  PQsetNoticeProcessor(raw, [](void*, const char*) {}, nullptr);
+  PQsetNoticeProcessor(
+      raw, [](void*, const char*) {}, nullptr);
   if (PQsetnonblocking(raw, 1) != 0) {
     return UnavailableError("cannot connect to PostgreSQL: " + ConnectionError(raw));
   }
-  auto set = c->Exec("SET statement_timeout = " + std::to_string(statement_timeout.count()),
-                     deadline);
+  auto set =
+      c->Exec("SET statement_timeout = " + std::to_string(statement_timeout.count()), deadline);
   if (!set) return set.error();
   return c;
 }
@@ -162,8 +162,8 @@ Status Connection::Broken(std::string_view what) {
 
 Status Connection::Wait(bool write, Deadline deadline) {
   for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return UnavailableError("timed out");
     pollfd p{PQsocket(conn_), static_cast<short>(POLLIN | (write ? POLLOUT : 0)), 0};
     if (p.fd < 0) return UnavailableError("no socket");
@@ -286,8 +286,8 @@ Status Connection::SendPrepared(const char* name, const Params& p) {
 
 Status Connection::SendQuery(std::string_view sql, const Params& p, Oid const* types) {
   const std::string text(sql);
-  if (PQsendQueryParams(conn_, text.c_str(), p.size(), types, p.values(), p.lengths(),
-                        p.formats(), 1) != 1) {
+  if (PQsendQueryParams(conn_, text.c_str(), p.size(), types, p.values(), p.lengths(), p.formats(),
+                        1) != 1) {
     return Broken("sending");
   }
   return OkStatus();
@@ -341,8 +341,8 @@ Result<ResultPtr> Connection::Exec(std::string_view sql, Deadline deadline) {
 }
 
 Result<ResultPtr> Connection::ExecText(std::string_view sql,
-                                      std::span<const std::optional<std::string_view>> params,
-                                      Deadline deadline) {
+                                       std::span<const std::optional<std::string_view>> params,
+                                       Deadline deadline) {
   IDEM_RETURN_IF_ERROR(SendText(sql, params));
   IDEM_RETURN_IF_ERROR(Flush(deadline));
   ResultPtr first;

@@ -135,9 +135,8 @@ Status GroupCommitter::RunTogether(Connection& conn, std::span<Op* const> ops, b
       op->result = std::move(*r);
     } else {
       committed = false;
-      op->status = st == PGRES_PIPELINE_ABORTED
-                       ? UnavailableError("rolled back with its group")
-                       : StatusOfResult(r->get(), op->statement);
+      op->status = st == PGRES_PIPELINE_ABORTED ? UnavailableError("rolled back with its group")
+                                                : StatusOfResult(r->get(), op->statement);
     }
   }
   Status sync = conn.ReadSync(deadline);

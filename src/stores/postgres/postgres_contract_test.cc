@@ -30,19 +30,18 @@ StoreUnderTest Postgres() {
   };
   return StoreUnderTest{
       .name = "postgres",
-      .make =
-          [last, open](Clock& clock, std::size_t max_key_bytes) -> std::unique_ptr<Store> {
-            auto o = pg::testing::FreshStoreOptions();
-            if (!o) {
-              ADD_FAILURE() << o.error().ToString();
-              return nullptr;
-            }
-            // Small pools: ctest runs many of these processes side by side on one server.
-            o->pool_size = 2;
-            o->max_transactions = 2;
-            *last = *o;
-            return open(clock, max_key_bytes);
-          },
+      .make = [last, open](Clock& clock, std::size_t max_key_bytes) -> std::unique_ptr<Store> {
+        auto o = pg::testing::FreshStoreOptions();
+        if (!o) {
+          ADD_FAILURE() << o.error().ToString();
+          return nullptr;
+        }
+        // Small pools: ctest runs many of these processes side by side on one server.
+        o->pool_size = 2;
+        o->max_transactions = 2;
+        *last = *o;
+        return open(clock, max_key_bytes);
+      },
       .reopen = open,
       .abandoned_retention = PostgresStoreOptions{}.abandoned_retention,
   };

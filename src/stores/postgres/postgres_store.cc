@@ -71,8 +71,8 @@ Result<WriteAnswer> AffectedAnswer(const Op& op) {
 Result<BeginAnswer> BeginAnswerOf(const PGresult* r) {
   switch (GetInt2(r, 0, 0)) {
     case kKindAcquired:
-      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, 0, 1)),
-                                  AttemptOf(GetInt8(r, 0, 2)), At(GetInt8(r, 0, 3))});
+      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, 0, 1)), AttemptOf(GetInt8(r, 0, 2)),
+                                  At(GetInt8(r, 0, 3))});
     case kKindBusy:
       return BeginAnswer(Busy{At(GetInt8(r, 0, 3))});
     case kKindReplay:
@@ -191,8 +191,15 @@ Status CheckOptions(const PostgresStoreOptions& o) {
   return OkStatus();
 }
 
+// The session's statement_timeout: a little below the client's, so that the server cancels a
+// statement stuck on a lock (an error for that call alone) before the client gives up on the
+// connection (an error for its whole group).
+std::chrono::milliseconds ServerTimeout(std::chrono::milliseconds client) {
+  return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(1), client * 9 / 10);
+}
+
 Connector MakeConnector(const PostgresStoreOptions& o, const std::vector<Statement>* statements) {
-  return [conninfo = o.conninfo, timeout = o.statement_timeout,
+  return [conninfo = o.conninfo, timeout = ServerTimeout(o.statement_timeout),
           statements](Deadline deadline) -> Result<std::unique_ptr<Connection>> {
     auto conn = Connection::Open(conninfo, deadline, timeout);
     if (!conn) return conn;
@@ -228,7 +235,8 @@ PostgresStore::~PostgresStore() {
 Result<std::unique_ptr<Store>> PostgresStore::Open(const PostgresStoreOptions& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
   const Deadline deadline = DeadlineIn(options.connect_timeout + options.statement_timeout);
-  auto conn = Connection::Open(options.conninfo, deadline, options.statement_timeout);
+  auto conn =
+      Connection::Open(options.conninfo, deadline, ServerTimeout(options.statement_timeout));
   if (!conn) return conn.error();
   auto version = ReadVersion(**conn, options.schema, deadline);
   if (!version) return version.error();
@@ -280,8 +288,8 @@ Result<WriteAnswer> PostgresStore::Release(std::string_view scope, std::string_v
   return AffectedAnswer(op);
 }
 
-Result<WriteAnswer> PostgresStore::Extend(std::string_view scope, std::string_view key,
-                                          Token token, std::chrono::milliseconds lease) {
+Result<WriteAnswer> PostgresStore::Extend(std::string_view scope, std::string_view key, Token token,
+                                          std::chrono::milliseconds lease) {
   IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
   IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
   Op op;
@@ -458,14 +466,14 @@ Result<std::vector<std::uint64_t>> PostgresStore::TableBlocks(Connection& conn) 
   if (PQntuples(r->get()) != 1) return WrongShape("table sizes");
   std::vector<std::uint64_t> blocks;
   for (int t = 0; t < kTables; ++t) {
-    blocks.push_back(static_cast<std::uint64_t>(std::max<std::int64_t>(0, GetInt8(r->get(), 0, t))));
+    blocks.push_back(
+        static_cast<std::uint64_t>(std::max<std::int64_t>(0, GetInt8(r->get(), 0, t))));
   }
   return blocks;
 }
 
 Result<std::uint64_t> PostgresStore::ReapStep(Connection& conn, int table, std::uint64_t from,
-                                              std::uint64_t to, Timestamp now,
-                                              std::size_t limit) {
+                                              std::uint64_t to, Timestamp now, std::size_t limit) {
   static constexpr const char* kStatement[kTables] = {kReapRecords, kReapSessions, kReapEntities};
   Params params;
   params.Text(BlockTid(from));
@@ -742,8 +750,8 @@ Result<WriteAnswer> PostgresStore::CompleteVersioned(const VersionedCompleteRequ
   return AffectedAnswer(op);
 }
 
-Result<WriteAnswer> PostgresStore::ReleaseVersioned(std::string_view scope,
-                                                    std::string_view entity, Token token) {
+Result<WriteAnswer> PostgresStore::ReleaseVersioned(std::string_view scope, std::string_view entity,
+                                                    Token token) {
   IDEM_RETURN_IF_ERROR(CheckEntity(scope, entity));
   Op op;
   op.statement = kReleaseVer;
@@ -773,7 +781,8 @@ Result<std::optional<EntityVersion>> PostgresStore::GetVersion(std::string_view 
   v.scope = std::string(scope);
   v.entity = std::string(entity);
   v.applied = static_cast<std::uint64_t>(GetInt8(r, 0, 0));
-  if (const std::int64_t p = GetInt8(r, 0, 1); p != 0) v.in_progress = static_cast<std::uint64_t>(p);
+  if (const std::int64_t p = GetInt8(r, 0, 1); p != 0)
+    v.in_progress = static_cast<std::uint64_t>(p);
   v.token = static_cast<Token>(GetInt8(r, 0, 2));
   v.attempt = AttemptOf(GetInt8(r, 0, 3));
   v.lease_deadline = At(GetInt8(r, 0, 4));

@@ -71,8 +71,8 @@ class PostgresStore final : public Store {
   // Runs the ops through the group committer.
   void Run(std::span<Op> ops) { group_.Run(ops); }
   // One reaper step over blocks [from, to) of a table: rows reclaimed.
-  Result<std::uint64_t> ReapStep(Connection& conn, int table, std::uint64_t from,
-                                 std::uint64_t to, Timestamp now, std::size_t limit);
+  Result<std::uint64_t> ReapStep(Connection& conn, int table, std::uint64_t from, std::uint64_t to,
+                                 Timestamp now, std::size_t limit);
   Result<std::vector<std::uint64_t>> TableBlocks(Connection& conn);
   Result<std::uint64_t> ReapAll(Connection& conn, Timestamp now);
   void ReaperLoop();

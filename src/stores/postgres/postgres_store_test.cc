@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <libpq-fe.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -101,8 +103,8 @@ TEST(PostgresUrlTest, DefaultsAndBothSchemes) {
 TEST(PostgresUrlTest, RejectsWhatIsWrongNamingIt) {
   const auto rejects = [](std::string_view url, std::string_view why) {
     EXPECT_THAT(ParsePostgresStoreUrl(url),
-                StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("PostgreSQL store URL"),
-                                                             HasSubstr(std::string(why)))))
+                StatusIs(StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("PostgreSQL store URL"), HasSubstr(std::string(why)))))
         << url;
   };
   rejects("redis://127.0.0.1:6379", "postgres://");
@@ -171,9 +173,9 @@ TEST(PostgresSchemaTest, AnotherVersionIsRefusedNamingBoth) {
                                         "\".meta SET value = '7' WHERE name = 'schema_version' "
                                         "RETURNING 1")
                   .has_value());
-  const auto both = AllOf(HasSubstr("version 7"),
-                          HasSubstr("version " + std::to_string(kPostgresSchemaVersion)),
-                          HasSubstr(o->schema));
+  const auto both =
+      AllOf(HasSubstr("version 7"), HasSubstr("version " + std::to_string(kPostgresSchemaVersion)),
+            HasSubstr(o->schema));
   EXPECT_THAT(OpenPostgresStore(*o), StatusIs(StatusCode::kFailedPrecondition, both));
   EXPECT_THAT(InitPostgresSchema(*o), StatusIs(StatusCode::kFailedPrecondition, both));
   EXPECT_THAT(PostgresSchemaVersion(*o), HoldsValue(Optional(7)));
@@ -324,6 +326,34 @@ TEST_F(PostgresStoreTest, TokensGrowAcrossStoresSharingTheSchema) {
   }
 }
 
+TEST_F(PostgresStoreTest, AFailingStatementFailsOnlyItsCall) {
+  PostgresStoreOptions o = options_;
+  o.statement_timeout = 800ms;
+  std::unique_ptr<Store> store = Open(o);
+  ASSERT_NE(store, nullptr);
+  const Acquired x = ExpectAcquired(store->Begin({.scope = "g", .key = "x"}));
+  const Acquired y = ExpectAcquired(store->Begin({.scope = "g", .key = "y"}));
+  // Another session holds x's row, so x's completion waits until the server cancels it. It
+  // shares a transaction with y's, which rolls back with it and is then run again on its own.
+  PGconn* holder = PQconnectdb(options_.conninfo.c_str());
+  ASSERT_EQ(PQstatus(holder), CONNECTION_OK) << PQerrorMessage(holder);
+  PQclear(PQexec(holder, "BEGIN"));
+  PGresult* locked = PQexec(holder, ("SELECT 1 FROM " + Table("records") +
+                                     " WHERE key = convert_to('x', 'UTF8') FOR UPDATE")
+                                        .c_str());
+  EXPECT_EQ(PQntuples(locked), 1) << PQresultErrorMessage(locked);
+  PQclear(locked);
+  const auto got = store->CompleteBatch(std::vector<CompleteRequest>{
+      {.scope = "g", .key = "x", .token = x.token}, {.scope = "g", .key = "y", .token = y.token}});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_THAT(got[0], StatusIs(StatusCode::kUnavailable, HasSubstr("statement timeout")));
+  EXPECT_THAT(got[1], IsApplied());
+  PQclear(PQexec(holder, "ROLLBACK"));
+  PQfinish(holder);
+  // The connection survived, and x is still there to complete.
+  EXPECT_THAT(store->Complete({.scope = "g", .key = "x", .token = x.token}), IsApplied());
+}
+
 TEST_F(PostgresStoreTest, StatsCountBytes) {
   ExpectAcquired(store_->Begin({.scope = "s", .key = "k"}));
   const auto st = store_->Stats();
@@ -383,9 +413,11 @@ TEST_F(PostgresStoreTest, ReaperReclaimsInTheBackground) {
   const Acquired kept = ExpectAcquired(store->Begin({.scope = "r", .key = "kept", .lease = 1h}));
   ASSERT_TRUE(store->OpenSession({.scope = "r", .client_id = "c", .ttl = 1s}).has_value());
   ExpectAcquired(store->BeginSequenced({.scope = "r", .client_id = "c", .seq = 1}));
-  const Acquired v = ExpectAcquired(store->BeginVersioned({.scope = "r", .entity = "e", .version = 1}));
-  ASSERT_THAT(store->CompleteVersioned({.scope = "r", .entity = "e", .token = v.token, .retention = 1s}),
-              IsApplied());
+  const Acquired v =
+      ExpectAcquired(store->BeginVersioned({.scope = "r", .entity = "e", .version = 1}));
+  ASSERT_THAT(
+      store->CompleteVersioned({.scope = "r", .entity = "e", .token = v.token, .retention = 1s}),
+      IsApplied());
   clock_.Advance(1s);
   const auto left = [&](std::string_view table) {
     return Value("SELECT count(*) FROM " + Table(table));
@@ -393,8 +425,9 @@ TEST_F(PostgresStoreTest, ReaperReclaimsInTheBackground) {
   EXPECT_TRUE(Eventually([&] {
     return left("records") == "1" && left("sessions") == "0" && left("seq_records") == "0" &&
            left("entities") == "0";
-  })) << "records " << left("records") << ", sessions " << left("sessions")
-      << ", seq_records " << left("seq_records") << ", entities " << left("entities");
+  })) << "records "
+      << left("records") << ", sessions " << left("sessions") << ", seq_records "
+      << left("seq_records") << ", entities " << left("entities");
   EXPECT_THAT(store->Get("r", "kept"),
               HoldsValue(Optional(::testing::Field(&Record::token, kept.token))));
 }
@@ -458,8 +491,8 @@ class PostgresFailClosedTest : public ::testing::Test {
       took[static_cast<std::size_t>(i)] = std::chrono::steady_clock::now() - t0;
     });
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      EXPECT_EQ(got[i].code(), StatusCode::kUnavailable) << calls[i].first << ": "
-                                                         << got[i].ToString();
+      EXPECT_EQ(got[i].code(), StatusCode::kUnavailable)
+          << calls[i].first << ": " << got[i].ToString();
       EXPECT_LT(took[i], kTimeout * 2 + 1s) << calls[i].first;
     }
   }
@@ -472,8 +505,8 @@ class PostgresFailClosedTest : public ::testing::Test {
       const Status s = Cycle(prefix + "after-" + std::to_string(i));
       EXPECT_TRUE(s.ok()) << s.ToString();
     }
-    EXPECT_THAT(store_->Stats(), HoldsValue(::testing::Field(&StoreStats::completed,
-                                                             ::testing::Ge(50u))));
+    EXPECT_THAT(store_->Stats(),
+                HoldsValue(::testing::Field(&StoreStats::completed, ::testing::Ge(50u))));
   }
 
   std::unique_ptr<LocalPostgres> server_;

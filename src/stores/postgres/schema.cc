@@ -405,8 +405,7 @@ END $$;
 
 Status CheckSchemaName(std::string_view schema) {
   const auto bad = [&](std::string_view why) {
-    return InvalidArgumentError("schema name \"" + std::string(schema) + "\" " +
-                                std::string(why));
+    return InvalidArgumentError("schema name \"" + std::string(schema) + "\" " + std::string(why));
   };
   if (schema.empty()) return bad("is empty");
   if (schema.size() > 63) return bad("is longer than 63 bytes");
@@ -422,13 +421,13 @@ std::string QuotedSchema(std::string_view schema) { return "\"" + std::string(sc
 
 std::string SchemaPrologue(std::string_view schema) {
   // Concurrent inits of one schema take turns (CREATE ... IF NOT EXISTS alone can race).
-  return "SELECT pg_advisory_xact_lock(hashtext('idem schema " + std::string(schema) +
-         "'));\n" + WithSchema(R"sql(
+  return "SELECT pg_advisory_xact_lock(hashtext('idem schema " + std::string(schema) + "'));\n" +
+         WithSchema(R"sql(
 CREATE SCHEMA IF NOT EXISTS {S};
 CREATE TABLE IF NOT EXISTS {S}.meta (name text PRIMARY KEY, value text NOT NULL);
 SELECT value FROM {S}.meta WHERE name = 'schema_version';
 )sql",
-                               schema);
+                    schema);
 }
 
 std::string SchemaBody(std::string_view schema) {
@@ -477,8 +476,7 @@ SELECT b.* FROM {S}.begin_record($1, $2, $3, $4, $5, $6) b WHERE NOT EXISTS (SEL
         "UPDATE {S}.records SET lease_deadline = $4 + $5, expires = $4 + $5 + $6 "
         "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 1 AND expires > $4",
         {kBytea, kBytea, kInt8, kInt8, kInt8, kInt8}),
-      s(kGet,
-        "SELECT " + cols + " FROM {S}.records WHERE scope = $1 AND key = $2 AND expires > $3",
+      s(kGet, "SELECT " + cols + " FROM {S}.records WHERE scope = $1 AND key = $2 AND expires > $3",
         {kBytea, kBytea, kInt8}),
       s(kErase, "DELETE FROM {S}.records WHERE scope = $1 AND key = $2 RETURNING expires > $3",
         {kBytea, kBytea, kInt8}),

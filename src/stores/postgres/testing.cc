@@ -85,7 +85,8 @@ Result<std::vector<std::vector<std::string>>> Sql(const std::string& conninfo,
     PQfinish(conn);
     return UnavailableError("cannot connect: " + why);
   }
-  PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);
+  PQsetNoticeProcessor(
+      conn, [](void*, const char*) {}, nullptr);
   PGresult* r = PQexec(conn, std::string(sql).c_str());
   const ExecStatusType st = PQresultStatus(r);
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {

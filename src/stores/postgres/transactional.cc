@@ -98,8 +98,8 @@ Result<PgRows> PgTransaction::Exec(std::string_view sql,
       if (PQgetisnull(res, i, c)) {
         row.emplace_back();
       } else {
-        row.emplace_back(std::string(PQgetvalue(res, i, c),
-                                     static_cast<std::size_t>(PQgetlength(res, i, c))));
+        row.emplace_back(
+            std::string(PQgetvalue(res, i, c), static_cast<std::size_t>(PQgetlength(res, i, c))));
       }
     }
   }
@@ -161,8 +161,8 @@ Result<Delivered> TransactionalReceiver::Receive(const Message& message,
     while (std::holds_alternative<Busy>(*answer)) {
       const Timestamp now = clock_.Now();
       if (now >= deadline) break;
-      clock_.SleepFor(std::min(
-          backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
+      clock_.SleepFor(
+          std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
       answer = CountedBegin(req);
       if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
@@ -194,8 +194,7 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   if (Status s = conn->LeavePipeline(); !s.ok()) return not_run(s);
 
   PgTransaction tx(&*conn, timeout);
-  const HandlerContext ctx{options_.scope, key, acquired.attempt, acquired.token,
-                           message.payload};
+  const HandlerContext ctx{options_.scope, key, acquired.attempt, acquired.token, message.payload};
   HandlerResult result;
   Stopwatch sw;
   try {
@@ -226,8 +225,8 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
     rollback();
     auto released = store_.Release(options_.scope, key, acquired.token);
     if (released && *released == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
-    const Status why = !tx.failure().ok() ? tx.failure()
-                                          : UnavailableError("the transaction is not usable");
+    const Status why =
+        !tx.failure().ok() ? tx.failure() : UnavailableError("the transaction is not usable");
     return AbortedError("the handler returned success but its transaction failed (" +
                         why.ToString() + "); nothing was committed and the key was released");
   }
@@ -298,9 +297,8 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
     if (!Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
     if (lost) {
       if (m != nullptr) m->lease_lost->Inc();
-      return AbortedError(
-          "handler ran but the lease on key was lost to a newer worker (attempt " +
-          std::to_string(acquired.attempt) + "); its transaction was rolled back");
+      return AbortedError("handler ran but the lease on key was lost to a newer worker (attempt " +
+                          std::to_string(acquired.attempt) + "); its transaction was rolled back");
     }
     (void)store_.Release(options_.scope, key, acquired.token);
     if (m != nullptr) m->store_errors->Inc();

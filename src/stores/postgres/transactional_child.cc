@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   auto r = receiver.Receive(
       {.key = argv[2]}, [&](const idem::HandlerContext& c, idem::PgTransaction& tx) {
         const std::string attempt = std::to_string(c.attempt);
-        auto written = tx.Exec("INSERT INTO " + table + " (key, attempt) VALUES ($1, $2)",
-                               {c.key, attempt});
+        auto written =
+            tx.Exec("INSERT INTO " + table + " (key, attempt) VALUES ($1, $2)", {c.key, attempt});
         if (!written) {
           std::fprintf(stderr, "write failed: %s\n", written.error().ToString().c_str());
           _exit(3);
@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
         for (;;) pause();  // until SIGKILL
         return idem::HandlerResult{};
       });
-  std::fprintf(stderr, "unexpected return: %s\n",
-               r ? std::string(idem::DeliveryName(r->delivery)).c_str()
-                 : r.error().ToString().c_str());
+  std::fprintf(
+      stderr, "unexpected return: %s\n",
+      r ? std::string(idem::DeliveryName(r->delivery)).c_str() : r.error().ToString().c_str());
   return 1;
 }

@@ -90,10 +90,9 @@ TEST_F(TransactionalTest, SuccessCommitsTheEffectWithTheRecord) {
   EXPECT_EQ(r->response, "done");
   EXPECT_EQ(r->attempt, 1u);
   EXPECT_EQ(EffectCount(), 1);
-  EXPECT_THAT(store_->Get("tx", "k"),
-              HoldsValue(Optional(::testing::AllOf(
-                  ::testing::Field(&Record::state, RecordState::kCompleted),
-                  ::testing::Field(&Record::response, "done")))));
+  EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(Optional(::testing::AllOf(
+                                          ::testing::Field(&Record::state, RecordState::kCompleted),
+                                          ::testing::Field(&Record::response, "done")))));
 
   const auto again = receiver.Receive({.key = "k"}, Writes({Outcome::kSuccess, "again"}));
   ASSERT_TRUE(again.has_value()) << again.error().ToString();
@@ -122,13 +121,11 @@ TEST_F(TransactionalTest, FailureRollsBackTheEffectAndReleasesTheKey) {
 
 TEST_F(TransactionalTest, ThrowingHandlerRollsBackTheEffect) {
   TransactionalReceiver receiver(*store_, Options());
-  const auto r =
-      receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
-        EXPECT_TRUE(
-            tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
-        throw std::runtime_error("downstream exploded");
-        return HandlerResult{};
-      });
+  const auto r = receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    throw std::runtime_error("downstream exploded");
+    return HandlerResult{};
+  });
   ASSERT_TRUE(r.has_value()) << r.error().ToString();
   EXPECT_EQ(r->outcome, Outcome::kFailure);
   EXPECT_THAT(r->response, HasSubstr("downstream exploded"));
@@ -138,8 +135,7 @@ TEST_F(TransactionalTest, ThrowingHandlerRollsBackTheEffect) {
 }
 
 TEST_F(TransactionalTest, RememberedFailureIsStoredWithoutItsEffect) {
-  TransactionalReceiver receiver(*store_,
-                                 Options({.failure_policy = FailurePolicy::kRemember}));
+  TransactionalReceiver receiver(*store_, Options({.failure_policy = FailurePolicy::kRemember}));
   const auto r = receiver.Receive({.key = "k"}, Writes({Outcome::kFailure, "declined"}));
   ASSERT_TRUE(r.has_value()) << r.error().ToString();
   EXPECT_FALSE(r->released);
@@ -154,14 +150,12 @@ TEST_F(TransactionalTest, RememberedFailureIsStoredWithoutItsEffect) {
 
 TEST_F(TransactionalTest, FailedStatementWithSuccessCommitsNothing) {
   TransactionalReceiver receiver(*store_, Options());
-  const auto r =
-      receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
-        EXPECT_TRUE(
-            tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
-        EXPECT_THAT(tx.Exec("INSERT INTO no_such_table VALUES (1)"),
-                    StatusIs(StatusCode::kInvalidArgument, HasSubstr("no_such_table")));
-        return HandlerResult{Outcome::kSuccess, "claims success"};
-      });
+  const auto r = receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    EXPECT_THAT(tx.Exec("INSERT INTO no_such_table VALUES (1)"),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("no_such_table")));
+    return HandlerResult{Outcome::kSuccess, "claims success"};
+  });
   EXPECT_THAT(r, StatusIs(StatusCode::kAborted, HasSubstr("no_such_table")));
   EXPECT_EQ(EffectCount(), 0);
   EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(IsNone()));
@@ -170,21 +164,18 @@ TEST_F(TransactionalTest, FailedStatementWithSuccessCommitsNothing) {
 TEST_F(TransactionalTest, LostLeaseRollsBackTheEffect) {
   TransactionalReceiver receiver(*store_, Options({.lease = 10s}));
   Acquired takeover;
-  const auto r =
-      receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
-        EXPECT_TRUE(
-            tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
-        // Too slow: the lease runs out and another worker takes the key over.
-        clock_.Advance(10s);
-        takeover = ExpectAcquired(store_->Begin({.scope = "tx", .key = "k"}));
-        EXPECT_EQ(takeover.attempt, 2u);
-        return HandlerResult{Outcome::kSuccess, "late"};
-      });
+  const auto r = receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    // Too slow: the lease runs out and another worker takes the key over.
+    clock_.Advance(10s);
+    takeover = ExpectAcquired(store_->Begin({.scope = "tx", .key = "k"}));
+    EXPECT_EQ(takeover.attempt, 2u);
+    return HandlerResult{Outcome::kSuccess, "late"};
+  });
   EXPECT_THAT(r, StatusIs(StatusCode::kAborted, HasSubstr("lease")));
   EXPECT_EQ(EffectCount(), 0);
   // The new worker still owns the key and completes it.
-  EXPECT_THAT(store_->Complete({.scope = "tx", .key = "k", .token = takeover.token}),
-              IsApplied());
+  EXPECT_THAT(store_->Complete({.scope = "tx", .key = "k", .token = takeover.token}), IsApplied());
 }
 
 TEST_F(TransactionalTest, DuplicateWhileRunningIsBusyThenReplayed) {
@@ -193,16 +184,14 @@ TEST_F(TransactionalTest, DuplicateWhileRunningIsBusyThenReplayed) {
   std::condition_variable cv;
   bool started = false, release = false;
   std::thread first([&] {
-    const auto r =
-        receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
-          EXPECT_TRUE(
-              tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
-          std::unique_lock<std::mutex> lock(mu);
-          started = true;
-          cv.notify_all();
-          cv.wait(lock, [&] { return release; });
-          return HandlerResult{Outcome::kSuccess, "first"};
-        });
+    const auto r = receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
+      EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+      std::unique_lock<std::mutex> lock(mu);
+      started = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return release; });
+      return HandlerResult{Outcome::kSuccess, "first"};
+    });
     EXPECT_TRUE(r.has_value() && r->delivery == Delivery::kExecuted);
   });
   {
@@ -238,25 +227,24 @@ TEST_F(TransactionalTest, OtherPayloadUnderTheKeyIsAConflict) {
 
 TEST_F(TransactionalTest, HandlerMayUseTheConnectionItself) {
   TransactionalReceiver receiver(*store_, Options());
-  const auto r =
-      receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
-        const std::string key(c.key);
-        const char* values[] = {key.c_str()};
-        const std::string sql = "INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)";
-        PGresult* res =
-            PQexecParams(tx.connection(), sql.c_str(), 1, nullptr, values, nullptr, nullptr, 0);
-        EXPECT_EQ(PQresultStatus(res), PGRES_COMMAND_OK) << PQresultErrorMessage(res);
-        PQclear(res);
-        auto rows = tx.Exec("SELECT key, attempt, note FROM " + Effects());
-        EXPECT_TRUE(rows.has_value());
-        if (rows) {
-          EXPECT_THAT(rows->columns, ::testing::ElementsAre("key", "attempt", "note"));
-          EXPECT_THAT(rows->rows, ::testing::ElementsAre(::testing::ElementsAre(
-                                      Optional(std::string("k")), Optional(std::string("1")),
-                                      std::optional<std::string>())));
-        }
-        return HandlerResult{Outcome::kSuccess, "raw"};
-      });
+  const auto r = receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
+    const std::string key(c.key);
+    const char* values[] = {key.c_str()};
+    const std::string sql = "INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)";
+    PGresult* res =
+        PQexecParams(tx.connection(), sql.c_str(), 1, nullptr, values, nullptr, nullptr, 0);
+    EXPECT_EQ(PQresultStatus(res), PGRES_COMMAND_OK) << PQresultErrorMessage(res);
+    PQclear(res);
+    auto rows = tx.Exec("SELECT key, attempt, note FROM " + Effects());
+    EXPECT_TRUE(rows.has_value());
+    if (rows) {
+      EXPECT_THAT(rows->columns, ::testing::ElementsAre("key", "attempt", "note"));
+      EXPECT_THAT(rows->rows, ::testing::ElementsAre(::testing::ElementsAre(
+                                  Optional(std::string("k")), Optional(std::string("1")),
+                                  std::optional<std::string>())));
+    }
+    return HandlerResult{Outcome::kSuccess, "raw"};
+  });
   ASSERT_TRUE(r.has_value()) << r.error().ToString();
   EXPECT_EQ(r->delivery, Delivery::kExecuted);
   EXPECT_EQ(EffectCount(), 1);
@@ -269,8 +257,7 @@ TEST_F(TransactionalTest, KilledBeforeCommitLeavesNoEffectAndTheKeyIsRetryable) 
   const std::string url = options_.conninfo +
                           (options_.conninfo.find('?') == std::string::npos ? "?" : "&") +
                           "schema=" + options_.schema;
-  auto child =
-      testing::ChildProcess::Spawn(IDEM_PG_CHILD_PATH, {url, "order-1", Effects()});
+  auto child = testing::ChildProcess::Spawn(IDEM_PG_CHILD_PATH, {url, "order-1", Effects()});
   ASSERT_TRUE(child.has_value()) << child.error().ToString();
   auto written = child->WaitForLine("written", 60s);
   ASSERT_TRUE(written.has_value()) << written.error().ToString();
@@ -281,9 +268,9 @@ TEST_F(TransactionalTest, KilledBeforeCommitLeavesNoEffectAndTheKeyIsRetryable) 
   // Nothing of the handler's: its write died with its transaction.
   EXPECT_EQ(EffectCount(), 0);
   EXPECT_THAT(store_->Get("tx", "order-1"),
-              HoldsValue(Optional(::testing::AllOf(
-                  ::testing::Field(&Record::state, RecordState::kInProgress),
-                  ::testing::Field(&Record::attempt, 1u)))));
+              HoldsValue(Optional(
+                  ::testing::AllOf(::testing::Field(&Record::state, RecordState::kInProgress),
+                                   ::testing::Field(&Record::attempt, 1u)))));
 
   // A later delivery, once the child's 30 s lease is over (the child used the system clock).
   clock_.Set(Clock::System().Now() + 31s);
@@ -293,9 +280,9 @@ TEST_F(TransactionalTest, KilledBeforeCommitLeavesNoEffectAndTheKeyIsRetryable) 
   EXPECT_EQ(r->delivery, Delivery::kExecuted);
   EXPECT_EQ(r->attempt, 2u);
   EXPECT_EQ(EffectCount(), 1);
-  EXPECT_EQ(pg::testing::SqlValue(options_.conninfo, "SELECT attempt FROM " + Effects())
-                .value_or(""),
-            "2");
+  EXPECT_EQ(
+      pg::testing::SqlValue(options_.conninfo, "SELECT attempt FROM " + Effects()).value_or(""),
+      "2");
   const auto replay = receiver.Receive({.key = "order-1"}, Writes({}));
   ASSERT_TRUE(replay.has_value()) << replay.error().ToString();
   EXPECT_EQ(replay->delivery, Delivery::kReplayed);

@@ -19,8 +19,7 @@ Result<std::uint64_t> ParseCount(std::string_view name, std::string_view text, s
                                  std::uint64_t max) {
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < min ||
-      v > max) {
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
     return Bad(std::string(name) + "=" + std::string(text) + " is not a whole number from " +
                std::to_string(min) + " to " + std::to_string(max));
   }
@@ -75,7 +74,8 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
       query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
       if (pair.empty()) continue;
       const std::size_t eq = pair.find('=');
-      if (eq == std::string_view::npos) return Bad("parameter \"" + std::string(pair) + "\" has no value");
+      if (eq == std::string_view::npos)
+        return Bad("parameter \"" + std::string(pair) + "\" has no value");
       const std::string_view name = pair.substr(0, eq);
       const std::string_view value = pair.substr(eq + 1);
       if (name == "schema") {
