@@ -4,8 +4,8 @@
 # stopped and removed at the end. Needs root (the server runs as the postgres user) and a release
 # build (cmake --preset release && cmake --build build/release --target postgres_store_bench).
 #
-#   bench/postgres/run.sh            # 20 s per run
-#   SECONDS_PER_RUN=30 POOL_SIZE=4 bench/postgres/run.sh
+#   bench/postgres/run.sh            # 3 rounds of 10 s per contender
+#   ROUNDS=5 SECONDS_PER_RUN=20 POOL_SIZE=4 bench/postgres/run.sh
 #
 # In one run, side by side on the same server:
 #   pgbench     -c 32 -j 2 -M prepared, a script doing, per key (32 hex digits), INSERT ... ON
@@ -13,15 +13,17 @@
 #               transactions per key, as a hand-written idempotency table would.
 #   idem        32 threads, each: Begin, then Complete with a 100-byte response (one key each).
 #   idem batch  32 threads, each: BeginBatch of 100 keys, then CompleteBatch of them.
-# and prints keys/s for each with the ratios to pgbench (targets: >= 1.0x and >= 5x).
+# in turn, ROUNDS times, and prints keys/s for each round, the medians and the ratios of the
+# medians to pgbench's (targets: >= 1.0x and >= 5x).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD:-build/release}
 pg_bin=${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}
 port=${PORT:-28432}
-seconds=${SECONDS_PER_RUN:-20}
+seconds=${SECONDS_PER_RUN:-10}
+rounds=${ROUNDS:-3}
 clients=${CLIENTS:-32}
-pool=${POOL_SIZE:-4}
+pool=${POOL_SIZE:-8}
 bench=$build/bench/postgres_store_bench
 [ -x "$bench" ] || { echo "run.sh: build $bench first (release preset)" >&2; exit 2; }
 
@@ -58,21 +60,28 @@ run_pgbench() {
 }
 run_idem() { # extra args
   sql CHECKPOINT
-  "$bench" "$url" --threads "$clients" --seconds "$seconds" "$@"
+  "$bench" "$url" --threads "$clients" --seconds "$seconds" "$@" | awk '{print $2}'
 }
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "== pgbench -c $clients -j 2 -M prepared -T $seconds -f cycle.sql (INSERT ON CONFLICT DO NOTHING; UPDATE)"
-pgbench_rate=$(run_pgbench)
-echo "keys/s $pgbench_rate"
-echo "== idem PostgreSQL store, $clients threads, Begin + Complete (pool_size $pool)"
-idem_line=$(run_idem --batch 0)
-echo "$idem_line"
-echo "== idem PostgreSQL store, $clients threads, BeginBatch + CompleteBatch of 100 (pool_size $pool)"
-batch_line=$(run_idem --batch 100)
-echo "$batch_line"
-idem_rate=$(echo "$idem_line" | awk '{print $2}')
-batch_rate=$(echo "$batch_line" | awk '{print $2}')
-echo "== ratios to pgbench"
-awk -v p="$pgbench_rate" -v i="$idem_rate" -v b="$batch_rate" 'BEGIN {
-  printf "idem one call at a time  %.2fx (target >= 1.0x)\n", i / p
-  printf "idem batches of 100      %.2fx (target >= 5x)\n", b / p }'
+# The three run in turn, `rounds` times, so that load from elsewhere on the machine drifts over
+# all of them alike; the medians are compared.
+echo "pgbench: -c $clients -j 2 -M prepared -T $seconds -f cycle.sql (INSERT ON CONFLICT DO NOTHING; UPDATE)"
+echo "idem:    $clients threads, Begin + Complete (pool_size $pool)"
+echo "batch:   $clients threads, BeginBatch + CompleteBatch of 100 (pool_size $pool)"
+printf '%-6s %12s %12s %12s\n' round pgbench idem batch
+: >"$dir/rates"
+for r in $(seq 1 "$rounds"); do
+  p=$(run_pgbench)
+  i=$(run_idem --batch 0)
+  b=$(run_idem --batch 100)
+  printf '%-6s %12.0f %12.0f %12.0f\n' "$r" "$p" "$i" "$b"
+  echo "$p $i $b" >>"$dir/rates"
+done
+p=$(awk '{print $1}' "$dir/rates" | median)
+i=$(awk '{print $2}' "$dir/rates" | median)
+b=$(awk '{print $3}' "$dir/rates" | median)
+printf '%-6s %12.0f %12.0f %12.0f   keys/s\n' median "$p" "$i" "$b"
+awk -v p="$p" -v i="$i" -v b="$b" 'BEGIN {
+  printf "idem one call at a time  %.2fx pgbench (target >= 1.0x)\n", i / p
+  printf "idem batches of 100      %.2fx pgbench (target >= 5x)\n", b / p }'

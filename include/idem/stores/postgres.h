@@ -60,7 +60,7 @@ struct PostgresStoreOptions {
   std::string schema = "idem";
   // Connections carrying store calls. Concurrent calls share a connection's pipeline and commit
   // together; more connections let more groups wait on the server at once.
-  std::size_t pool_size = 4;
+  std::size_t pool_size = 8;
   // Further connections, opened on demand, for transactional handlers, List, Stats, Purge and
   // the reaper. A caller that finds all of them busy waits up to connect_timeout.
   std::size_t max_transactions = 16;
