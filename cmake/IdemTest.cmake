@@ -1,7 +1,7 @@
-# idem_test(NAME SOURCES a.cc b.cc [LIBS x y] [LABELS l]) — a GoogleTest binary registered
-# with ctest test by test.
+# idem_test(NAME SOURCES a.cc b.cc [LIBS x y] [LABELS l] [FILTER pattern]) — a GoogleTest binary
+# registered with ctest test by test (only the tests matching FILTER, when given).
 function(idem_test name)
-  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "FILTER" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT IDEM_BUILD_TESTS)
     return()
   endif()
@@ -10,5 +10,9 @@ function(idem_test name)
                                         GTest::gtest_main ${T_LIBS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR})
   include(GoogleTest)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${T_LABELS}")
+  set(filter)
+  if(T_FILTER)
+    set(filter TEST_FILTER ${T_FILTER})
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 ${filter} PROPERTIES LABELS "${T_LABELS}")
 endfunction()

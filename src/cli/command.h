@@ -81,6 +81,7 @@ const Command& PurgeCommand();
 const Command& StatsCommand();
 const Command& StoreVerifyCommand();
 const Command& StoreRepairCommand();
+const Command& StoreInitCommand();
 
 }  // namespace idem::cli
 

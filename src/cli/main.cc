@@ -12,9 +12,10 @@ namespace idem::cli {
 namespace {
 
 std::span<const Command* const> Commands() {
-  static const std::array<const Command*, 8> commands = {
-      &FingerprintCommand(), &GetCommand(),   &ListCommand(),        &EraseCommand(),
-      &PurgeCommand(),       &StatsCommand(), &StoreVerifyCommand(), &StoreRepairCommand(),
+  static const std::array<const Command*, 9> commands = {
+      &FingerprintCommand(), &GetCommand(),         &ListCommand(),
+      &EraseCommand(),       &PurgeCommand(),       &StatsCommand(),
+      &StoreVerifyCommand(), &StoreRepairCommand(), &StoreInitCommand(),
   };
   return commands;
 }
@@ -74,7 +75,7 @@ int Main(std::span<const std::string_view> words) {
                                      : "unknown subcommand \"" + std::string(words[1]) + "\"")
                 << "\n";
     }
-    out << "usage: idem store SUBCOMMAND DIR\n\nSubcommands:\n";
+    out << "usage: idem store SUBCOMMAND DIR|URL\n\nSubcommands:\n";
     PrintCommands(out, "store");
     return help ? kExitOk : kExitUsage;
   }

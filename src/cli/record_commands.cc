@@ -57,6 +57,10 @@ OpenedStore Open(const Command& self, std::string_view url) {
     }
   } else if (auto* redis = std::get_if<RedisStoreOptions>(&*config)) {
     redis->max_key_bytes = kOperatorMaxKeyBytes;
+  } else if (auto* pg = std::get_if<PostgresStoreOptions>(&*config)) {
+    pg->reclaim_interval = std::chrono::milliseconds(0);
+    pg->max_key_bytes = kOperatorMaxKeyBytes;
+    pg->pool_size = 1;
   } else {
     auto& memory = std::get<MemoryStoreOptions>(*config);
     memory.reclaim_interval = std::chrono::milliseconds(0);
@@ -202,10 +206,11 @@ int RunStats(const Command& self, const Args& args) {
 #define IDEM_CLI_STORE_URL_HELP                                                             \
   "STORE_URL is log:DIR[?sync=always|none|interval:MS] (the log store in DIR, which must\n" \
   "already exist and must not be open in another process: stop its server first),\n"        \
-  "memory: (a new, empty memory store; only useful for trying the tool out), or\n"          \
   "redis://HOST:PORT[?OPTIONS] or redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS] (a Redis\n" \
-  "store; docs/redis.md lists the options).\n"                                              \
-  "postgres:// stores are not supported yet.\n"
+  "store; docs/redis.md lists the options),\n"                                               \
+  "postgres://USER@HOST:PORT/DB[?schema=NAME] (a PostgreSQL store whose schema\n"           \
+  "'idem store init URL' created), or\n"                                                    \
+  "memory: (a new, empty memory store; only useful for trying the tool out).\n"
 
 }  // namespace
 

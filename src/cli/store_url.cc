@@ -6,7 +6,7 @@ namespace idem {
 
 std::string_view SupportedStoreUrls() {
   return "log:PATH[?sync=always|none|interval:MS], memory:, redis://HOST:PORT[?OPTIONS], "
-         "redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS]";
+         "redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS], postgres://USER@HOST:PORT/DB[?schema=NAME]";
 }
 
 Result<StoreConfig> ParseStoreUrl(std::string_view url) {
@@ -38,9 +38,9 @@ Result<StoreConfig> ParseStoreUrl(std::string_view url) {
     return StoreConfig(std::move(*options));
   }
   if (scheme == "postgres" || scheme == "postgresql") {
-    return InvalidArgumentError(
-        quoted + ": " + std::string(scheme) +
-        " stores are not supported yet; supported: " + std::string(SupportedStoreUrls()));
+    auto options = ParsePostgresStoreUrl(url);
+    if (!options) return options.error();
+    return StoreConfig(std::move(*options));
   }
   return InvalidArgumentError(quoted + ": unknown scheme \"" + std::string(scheme) +
                               ":\"; supported: " + std::string(SupportedStoreUrls()));
@@ -49,6 +49,7 @@ Result<StoreConfig> ParseStoreUrl(std::string_view url) {
 Result<std::unique_ptr<Store>> OpenStore(const StoreConfig& config) {
   if (const auto* log = std::get_if<LogStoreOptions>(&config)) return OpenLogStore(*log);
   if (const auto* redis = std::get_if<RedisStoreOptions>(&config)) return OpenRedisStore(*redis);
+  if (const auto* pg = std::get_if<PostgresStoreOptions>(&config)) return OpenPostgresStore(*pg);
   return NewMemoryStore(std::get<MemoryStoreOptions>(config));
 }
 

@@ -4,8 +4,9 @@
 //   memory:                                              an empty in-process memory store
 //   redis://HOST:PORT[?opt=...], redis+cluster://HOST:PORT,HOST:PORT[?opt=...]   Redis
 //                                                        (idem/stores/redis.h)
+//   postgres://USER@HOST:PORT/DB[?schema=NAME&...]       PostgreSQL (also postgresql://)
 //
-// postgres:// is recognised and refused as not supported yet. Parsing is
+// Parsing is
 // separate from opening so that a caller can tell a wrong URL (the user's to fix) from a store
 // that fails to open, and can adjust the options in between.
 #ifndef IDEM_CLI_STORE_URL_H_
@@ -19,11 +20,13 @@
 #include "idem/store.h"
 #include "idem/stores/log.h"
 #include "idem/stores/memory.h"
+#include "idem/stores/postgres.h"
 #include "idem/stores/redis.h"
 
 namespace idem {
 
-using StoreConfig = std::variant<MemoryStoreOptions, LogStoreOptions, RedisStoreOptions>;
+using StoreConfig =
+    std::variant<MemoryStoreOptions, LogStoreOptions, RedisStoreOptions, PostgresStoreOptions>;
 
 // One line naming the supported URL forms, for help and error messages.
 std::string_view SupportedStoreUrls();

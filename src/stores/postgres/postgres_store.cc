@@ -1,0 +1,845 @@
+// The PostgreSQL store: every call is one prepared statement (src/stores/postgres/schema.cc
+// holds the SQL) carried by the group committer; this file fills parameters and reads answers.
+#include "stores/postgres/postgres_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "core/machine.h"
+
+namespace idem::pg {
+namespace {
+
+// Sequenced records have no retention: they stay until acknowledged or until their session
+// expires, so they get one longer than any session (as in the memory store).
+constexpr std::chrono::milliseconds kUntilAcknowledged = std::chrono::hours(24 * 365 * 100);
+// The group committer puts at most this many statements in one transaction.
+constexpr std::size_t kMaxGroup = 1024;
+// The reaper's step: this many heap blocks of one table.
+constexpr std::uint64_t kBlocksPerStep = 64;
+constexpr std::int64_t kMaxBigint = std::numeric_limits<std::int64_t>::max();
+
+// Lock classes, in the order groups take rows.
+enum OrderClass : int { kOrderRecords = 0, kOrderSessions = 1, kOrderEntities = 2 };
+enum Table : int { kRecordsTable = 0, kSessionsTable = 1, kEntitiesTable = 2, kTables = 3 };
+
+Timestamp At(std::int64_t ms) { return Timestamp(std::chrono::milliseconds(ms)); }
+
+Outcome OutcomeOf(std::int16_t v) { return v == 1 ? Outcome::kFailure : Outcome::kSuccess; }
+std::int16_t OutcomeParam(Outcome o) { return o == Outcome::kFailure ? 1 : 0; }
+
+std::uint32_t AttemptOf(std::int64_t v) {
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>(v, 0, 0xFFFFFFFF));
+}
+
+void BindFingerprint(Params& p, const std::optional<Fingerprint>& fp) {
+  p.OptionalBytes(fp ? fp->bytes.data() : nullptr, fp ? fp->bytes.size() : 0);
+}
+
+Result<std::optional<Fingerprint>> FingerprintOf(const PGresult* r, int row, int col) {
+  if (IsNull(r, row, col)) return std::optional<Fingerprint>();
+  const std::string_view b = GetBytes(r, row, col);
+  Fingerprint fp;
+  if (b.size() != fp.bytes.size()) {
+    return DataLossError("stored fingerprint is " + std::to_string(b.size()) + " bytes");
+  }
+  std::memcpy(fp.bytes.data(), b.data(), b.size());
+  return std::optional<Fingerprint>(fp);
+}
+
+Status WrongShape(std::string_view what) {
+  return InternalError(std::string("PostgreSQL answered ") + std::string(what) +
+                       " with an unexpected result");
+}
+
+// A single-row result, or the op's error.
+Result<const PGresult*> OneRow(const Op& op) {
+  if (!op.status.ok()) return op.status;
+  if (op.result == nullptr || PQntuples(op.result.get()) != 1) return WrongShape(op.statement);
+  return static_cast<const PGresult*>(op.result.get());
+}
+
+Result<WriteAnswer> AffectedAnswer(const Op& op) {
+  if (!op.status.ok()) return op.status;
+  return AffectedRows(op.result.get()) == 1 ? WriteAnswer::kApplied : WriteAnswer::kLeaseLost;
+}
+
+// Rows of begin_record / begin_seq: kind, token, attempt, lease_deadline, outcome, response.
+Result<BeginAnswer> BeginAnswerOf(const PGresult* r) {
+  switch (GetInt2(r, 0, 0)) {
+    case kKindAcquired:
+      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, 0, 1)), AttemptOf(GetInt8(r, 0, 2)),
+                                  At(GetInt8(r, 0, 3))});
+    case kKindBusy:
+      return BeginAnswer(Busy{At(GetInt8(r, 0, 3))});
+    case kKindReplay:
+      return BeginAnswer(Replay{OutcomeOf(GetInt2(r, 0, 4)), std::string(GetBytes(r, 0, 5)),
+                                AttemptOf(GetInt8(r, 0, 2))});
+    case kKindConflict:
+      return BeginAnswer(Conflict{});
+    case kKindStale:
+      return BeginAnswer(Stale{});
+    default:
+      return WrongShape("begin");
+  }
+}
+
+// A row in kRecordColumns order.
+Result<Record> RecordOf(const PGresult* r, int row) {
+  Record rec;
+  rec.scope = std::string(GetBytes(r, row, 0));
+  rec.key = std::string(GetBytes(r, row, 1));
+  rec.state = GetInt2(r, row, 2) == 2 ? RecordState::kCompleted : RecordState::kInProgress;
+  auto fp = FingerprintOf(r, row, 3);
+  if (!fp) return fp.error();
+  rec.fingerprint = *fp;
+  rec.token = static_cast<Token>(GetInt8(r, row, 4));
+  rec.attempt = AttemptOf(GetInt8(r, row, 5));
+  rec.created = At(GetInt8(r, row, 6));
+  rec.lease_deadline = At(GetInt8(r, row, 7));
+  rec.expires = At(GetInt8(r, row, 8));
+  rec.outcome = OutcomeOf(GetInt2(r, row, 9));
+  rec.response = std::string(GetBytes(r, row, 10));
+  return rec;
+}
+
+Status UnknownSession(std::string_view scope, std::string_view client_id) {
+  return FailedPreconditionError("session '" + std::string(client_id) + "' in scope '" +
+                                 std::string(scope) + "' is unknown or expired; register it again");
+}
+
+Status CheckBigint(std::string_view what, std::uint64_t v) {
+  if (v > static_cast<std::uint64_t>(kMaxBigint)) {
+    return InvalidArgumentError(std::string(what) + " " + std::to_string(v) +
+                                " is over the PostgreSQL store's limit of 2^63-1");
+  }
+  return OkStatus();
+}
+
+void FillBegin(Op& op, const BeginRequest& r, Timestamp now, std::chrono::milliseconds abandoned) {
+  op.statement = kBegin;
+  op.params.Bytes(r.scope);
+  op.params.Bytes(r.key);
+  BindFingerprint(op.params, r.fingerprint);
+  op.params.Int8(Millis(now));
+  op.params.Int8(Millis(r.lease));
+  op.params.Int8(Millis(abandoned));
+  op.Order(kOrderRecords, r.scope, r.key);
+}
+
+void FillComplete(Op& op, const CompleteRequest& r, Timestamp now) {
+  op.statement = kComplete;
+  op.params.Bytes(r.scope);
+  op.params.Bytes(r.key);
+  op.params.Int8(TokenParam(r.token));
+  op.params.Int2(OutcomeParam(r.outcome));
+  op.params.Bytes(r.response);
+  op.params.Int8(Millis(now));
+  op.params.Int8(Millis(r.retention));
+  op.Order(kOrderRecords, r.scope, r.key);
+}
+
+// "(block,0)": the first tuple of a block, as a tid in text form.
+std::string BlockTid(std::uint64_t block) {
+  if (block > 0xFFFFFFFFu) return "(4294967295,65535)";
+  return "(" + std::to_string(block) + ",0)";
+}
+
+Result<std::optional<int>> ReadVersion(Connection& conn, std::string_view schema,
+                                       Deadline deadline) {
+  auto r = conn.Exec(VersionQuery(schema), deadline);
+  if (!r) {
+    // No schema or no meta table: not initialised.
+    if (r.error().code() == StatusCode::kFailedPrecondition) return std::optional<int>();
+    return r.error();
+  }
+  if (*r == nullptr || PQntuples(r->get()) == 0) return std::optional<int>();
+  const char* text = PQgetvalue(r->get(), 0, 0);
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0') {
+    return DataLossError("schema \"" + std::string(schema) + "\" has the version \"" +
+                         std::string(text) + "\", which is not a number");
+  }
+  return std::optional<int>(static_cast<int>(v));
+}
+
+std::string MissingSchema(std::string_view schema) {
+  return "the database has no idem schema \"" + std::string(schema) +
+         "\"; run `idem store init URL` (or InitPostgresSchema) to create it";
+}
+
+std::string OtherVersion(std::string_view schema, int found) {
+  return "idem schema \"" + std::string(schema) + "\" is at version " + std::to_string(found) +
+         ", but this idem uses version " + std::to_string(kPostgresSchemaVersion);
+}
+
+Status CheckOptions(const PostgresStoreOptions& o) {
+  IDEM_RETURN_IF_ERROR(CheckSchemaName(o.schema));
+  if (o.pool_size == 0) return InvalidArgumentError("pool_size must be at least 1");
+  if (o.max_transactions == 0) return InvalidArgumentError("max_transactions must be at least 1");
+  if (o.reclaim_batch == 0) return InvalidArgumentError("reclaim_batch must be at least 1");
+  if (o.connect_timeout.count() <= 0 || o.statement_timeout.count() <= 0) {
+    return InvalidArgumentError("connect_timeout and statement_timeout must be positive");
+  }
+  if (o.abandoned_retention.count() <= 0) {
+    return InvalidArgumentError("abandoned_retention must be positive");
+  }
+  return OkStatus();
+}
+
+// The session's statement_timeout: a little below the client's, so that the server cancels a
+// statement stuck on a lock (an error for that call alone) before the client gives up on the
+// connection (an error for its whole group).
+std::chrono::milliseconds ServerTimeout(std::chrono::milliseconds client) {
+  return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(1), client * 9 / 10);
+}
+
+Connector MakeConnector(const PostgresStoreOptions& o, const std::vector<Statement>* statements) {
+  return [conninfo = o.conninfo, timeout = ServerTimeout(o.statement_timeout),
+          statements](Deadline deadline) -> Result<std::unique_ptr<Connection>> {
+    auto conn = Connection::Open(conninfo, deadline, timeout);
+    if (!conn) return conn;
+    IDEM_RETURN_IF_ERROR((*conn)->EnterPipeline(*statements, deadline));
+    return conn;
+  };
+}
+
+}  // namespace
+
+// ---- opening ----
+
+PostgresStore::PostgresStore(const PostgresStoreOptions& options, std::vector<Statement> statements)
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : &Clock::System()),
+      statements_(std::move(statements)),
+      pool_(MakeConnector(options_, &statements_), options_.max_transactions,
+            options_.connect_timeout),
+      group_(MakeConnector(options_, &statements_), options_.pool_size, kMaxGroup,
+             options_.connect_timeout, options_.statement_timeout) {
+  if (options_.reclaim_interval.count() > 0) reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+PostgresStore::~PostgresStore() {
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    stopping_ = true;
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+Result<std::unique_ptr<Store>> PostgresStore::Open(const PostgresStoreOptions& options) {
+  IDEM_RETURN_IF_ERROR(CheckOptions(options));
+  const Deadline deadline = DeadlineIn(options.connect_timeout + options.statement_timeout);
+  auto conn =
+      Connection::Open(options.conninfo, deadline, ServerTimeout(options.statement_timeout));
+  if (!conn) return conn.error();
+  auto version = ReadVersion(**conn, options.schema, deadline);
+  if (!version) return version.error();
+  if (!*version) return FailedPreconditionError(MissingSchema(options.schema));
+  if (**version != kPostgresSchemaVersion) {
+    return FailedPreconditionError(OtherVersion(options.schema, **version) +
+                                   "; run `idem store init URL` with a matching idem");
+  }
+  // Prepare once here too, so that a damaged schema is reported at open, not at the first call.
+  auto store = std::make_unique<PostgresStore>(options, Statements(options.schema));
+  IDEM_RETURN_IF_ERROR((*conn)->EnterPipeline(store->statements_, deadline));
+  store->pool_.Add(std::move(*conn));
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+PostgresStore* AsPostgres(Store& store) { return dynamic_cast<PostgresStore*>(&store); }
+
+// ---- records ----
+
+Result<BeginAnswer> PostgresStore::Begin(const BeginRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckBegin(req, options_.max_key_bytes));
+  Op op;
+  FillBegin(op, req, clock_->Now(), options_.abandoned_retention);
+  Run({&op, 1});
+  auto row = OneRow(op);
+  if (!row) return row.error();
+  return BeginAnswerOf(*row);
+}
+
+Result<WriteAnswer> PostgresStore::Complete(const CompleteRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckComplete(req, options_.max_key_bytes));
+  Op op;
+  FillComplete(op, req, clock_->Now());
+  Run({&op, 1});
+  return AffectedAnswer(op);
+}
+
+Result<WriteAnswer> PostgresStore::Release(std::string_view scope, std::string_view key,
+                                           Token token) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
+  Op op;
+  op.statement = kRelease;
+  op.params.Bytes(scope);
+  op.params.Bytes(key);
+  op.params.Int8(TokenParam(token));
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderRecords, scope, key);
+  Run({&op, 1});
+  return AffectedAnswer(op);
+}
+
+Result<WriteAnswer> PostgresStore::Extend(std::string_view scope, std::string_view key, Token token,
+                                          std::chrono::milliseconds lease) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
+  IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
+  Op op;
+  op.statement = kExtend;
+  op.params.Bytes(scope);
+  op.params.Bytes(key);
+  op.params.Int8(TokenParam(token));
+  op.params.Int8(Millis(clock_->Now()));
+  op.params.Int8(Millis(lease));
+  op.params.Int8(Millis(options_.abandoned_retention));
+  op.Order(kOrderRecords, scope, key);
+  Run({&op, 1});
+  return AffectedAnswer(op);
+}
+
+std::vector<Result<BeginAnswer>> PostgresStore::BeginBatch(std::span<const BeginRequest> reqs) {
+  const Timestamp now = clock_->Now();
+  std::vector<Status> checks;
+  checks.reserve(reqs.size());
+  std::size_t valid = 0;
+  for (const BeginRequest& r : reqs) {
+    checks.push_back(core::CheckBegin(r, options_.max_key_bytes));
+    if (checks.back().ok()) ++valid;
+  }
+  // One group, so one round trip and one commit for the whole batch.
+  std::unique_ptr<Op[]> ops(new Op[valid]);
+  for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
+    if (checks[i].ok()) FillBegin(ops[k++], reqs[i], now, options_.abandoned_retention);
+  }
+  Run({ops.get(), valid});
+  std::vector<Result<BeginAnswer>> out;
+  out.reserve(reqs.size());
+  for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
+    if (!checks[i].ok()) {
+      out.emplace_back(std::move(checks[i]));
+      continue;
+    }
+    auto row = OneRow(ops[k++]);
+    if (!row) {
+      out.emplace_back(row.error());
+    } else {
+      out.push_back(BeginAnswerOf(*row));
+    }
+  }
+  return out;
+}
+
+std::vector<Result<WriteAnswer>> PostgresStore::CompleteBatch(
+    std::span<const CompleteRequest> reqs) {
+  const Timestamp now = clock_->Now();
+  std::vector<Status> checks;
+  checks.reserve(reqs.size());
+  std::size_t valid = 0;
+  for (const CompleteRequest& r : reqs) {
+    checks.push_back(core::CheckComplete(r, options_.max_key_bytes));
+    if (checks.back().ok()) ++valid;
+  }
+  std::unique_ptr<Op[]> ops(new Op[valid]);
+  for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
+    if (checks[i].ok()) FillComplete(ops[k++], reqs[i], now);
+  }
+  Run({ops.get(), valid});
+  std::vector<Result<WriteAnswer>> out;
+  out.reserve(reqs.size());
+  for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
+    if (!checks[i].ok()) {
+      out.emplace_back(std::move(checks[i]));
+    } else {
+      out.push_back(AffectedAnswer(ops[k++]));
+    }
+  }
+  return out;
+}
+
+// ---- operator calls ----
+
+Result<std::optional<Record>> PostgresStore::Get(std::string_view scope, std::string_view key) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
+  Op op;
+  op.statement = kGet;
+  op.params.Bytes(scope);
+  op.params.Bytes(key);
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderRecords, scope, key);
+  Run({&op, 1});
+  if (!op.status.ok()) return op.status;
+  if (PQntuples(op.result.get()) == 0) return std::optional<Record>();
+  auto rec = RecordOf(op.result.get(), 0);
+  if (!rec) return rec.error();
+  return std::optional<Record>(std::move(*rec));
+}
+
+Result<std::vector<Record>> PostgresStore::List(const ListFilter& filter) {
+  if (filter.scope) IDEM_RETURN_IF_ERROR(ValidateScope(*filter.scope));
+  std::string sql = std::string("SELECT ") + kRecordColumns + " FROM " +
+                    QuotedSchema(options_.schema) + ".records WHERE expires > $1";
+  Params params;
+  std::vector<Oid> types;
+  params.Int8(Millis(clock_->Now()));
+  types.push_back(kInt8);
+  const auto next = [&] { return "$" + std::to_string(types.size() + 1); };
+  if (filter.state) {
+    sql += " AND state = " + next();
+    params.Int2(*filter.state == RecordState::kCompleted ? 2 : 1);
+    types.push_back(kInt2);
+  }
+  if (filter.scope) {
+    sql += " AND scope = " + next();
+    params.Bytes(*filter.scope);
+    types.push_back(kBytea);
+  }
+  if (filter.created_before) {
+    sql += " AND created < " + next();
+    params.Int8(Millis(*filter.created_before));
+    types.push_back(kInt8);
+  }
+  sql += " LIMIT " + next();
+  params.Int8(static_cast<std::int64_t>(
+      std::min<std::uint64_t>(filter.limit, static_cast<std::uint64_t>(kMaxBigint))));
+  types.push_back(kInt8);
+
+  auto conn = pool_.Take();
+  if (!conn) return conn.error();
+  PooledConnection pooled(pool_, std::move(*conn));
+  auto r = RunQuery(*pooled, sql, params, types.data(), DeadlineIn(options_.statement_timeout));
+  if (!r) return r.error();
+  std::vector<Record> out;
+  const int rows = PQntuples(r->get());
+  out.reserve(static_cast<std::size_t>(rows));
+  for (int i = 0; i < rows; ++i) {
+    auto rec = RecordOf(r->get(), i);
+    if (!rec) return rec.error();
+    out.push_back(std::move(*rec));
+  }
+  return out;
+}
+
+Result<bool> PostgresStore::Erase(std::string_view scope, std::string_view key) {
+  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
+  Op op;
+  op.statement = kErase;
+  op.params.Bytes(scope);
+  op.params.Bytes(key);
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderRecords, scope, key);
+  Run({&op, 1});
+  if (!op.status.ok()) return op.status;
+  return PQntuples(op.result.get()) == 1 && GetBool(op.result.get(), 0, 0);
+}
+
+Result<StoreStats> PostgresStore::Stats() {
+  auto conn = pool_.Take();
+  if (!conn) return conn.error();
+  PooledConnection pooled(pool_, std::move(*conn));
+  Params params;
+  params.Int8(Millis(clock_->Now()));
+  auto r = RunStatement(*pooled, kStats, params, DeadlineIn(options_.statement_timeout));
+  if (!r) return r.error();
+  if (PQntuples(r->get()) != 1) return WrongShape("stats");
+  const auto count = [&](int col) { return static_cast<std::uint64_t>(GetInt8(r->get(), 0, col)); };
+  StoreStats st;
+  st.in_progress = count(0);
+  st.completed = count(1);
+  st.sessions = count(2);
+  st.entities = count(3);
+  st.bytes = count(4);
+  return st;
+}
+
+Result<std::vector<std::uint64_t>> PostgresStore::TableBlocks(Connection& conn) {
+  Params none;
+  auto r = RunStatement(conn, kTableBlocks, none, DeadlineIn(options_.statement_timeout));
+  if (!r) return r.error();
+  if (PQntuples(r->get()) != 1) return WrongShape("table sizes");
+  std::vector<std::uint64_t> blocks;
+  for (int t = 0; t < kTables; ++t) {
+    blocks.push_back(
+        static_cast<std::uint64_t>(std::max<std::int64_t>(0, GetInt8(r->get(), 0, t))));
+  }
+  return blocks;
+}
+
+Result<std::uint64_t> PostgresStore::ReapStep(Connection& conn, int table, std::uint64_t from,
+                                              std::uint64_t to, Timestamp now, std::size_t limit) {
+  static constexpr const char* kStatement[kTables] = {kReapRecords, kReapSessions, kReapEntities};
+  Params params;
+  params.Text(BlockTid(from));
+  params.Text(BlockTid(to));
+  params.Int8(Millis(now));
+  params.Int8(static_cast<std::int64_t>(limit));
+  auto r = RunStatement(conn, kStatement[table], params, DeadlineIn(options_.statement_timeout));
+  if (!r) return r.error();
+  if (table != kSessionsTable) return AffectedRows(r->get());
+  if (PQntuples(r->get()) != 1) return WrongShape("reap");
+  // A session counts once, and each of its records once, as in the memory store.
+  return static_cast<std::uint64_t>(GetInt8(r->get(), 0, 0) + GetInt8(r->get(), 0, 1));
+}
+
+Result<std::uint64_t> PostgresStore::ReapAll(Connection& conn, Timestamp now) {
+  auto blocks = TableBlocks(conn);
+  if (!blocks) return blocks.error();
+  std::uint64_t total = 0;
+  for (int t = 0; t < kTables; ++t) {
+    for (std::uint64_t from = 0; from < (*blocks)[static_cast<std::size_t>(t)];) {
+      auto n = ReapStep(conn, t, from, from + kBlocksPerStep, now, options_.reclaim_batch);
+      if (!n) return n.error();
+      total += *n;
+      // A full step may have left more in the same blocks.
+      if (*n < options_.reclaim_batch) from += kBlocksPerStep;
+    }
+  }
+  return total;
+}
+
+Result<std::uint64_t> PostgresStore::Purge() {
+  auto conn = pool_.Take();
+  if (!conn) return conn.error();
+  PooledConnection pooled(pool_, std::move(*conn));
+  return ReapAll(*pooled, clock_->Now());
+}
+
+void PostgresStore::ReaperLoop() {
+  // Where the sweep goes on at the next tick.
+  int table = 0;
+  std::uint64_t from = 0;
+  std::unique_lock<std::mutex> lock(reaper_mu_);
+  for (;;) {
+    // Real time on purpose: the reaper paces itself; what is expired comes from clock_.
+    reaper_cv_.wait_for(lock, options_.reclaim_interval, [this] { return stopping_; });
+    if (stopping_) return;
+    lock.unlock();
+    auto conn = pool_.Take();
+    if (conn) {
+      PooledConnection pooled(pool_, std::move(*conn));
+      auto blocks = TableBlocks(*pooled);
+      if (blocks) {
+        std::uint64_t all = 0;
+        for (std::uint64_t b : *blocks) all += b;
+        // A tick sweeps a sixteenth of the heap (at least one step): a whole pass takes about
+        // sixteen intervals whatever the size, one short transaction per step.
+        std::uint64_t budget = std::max(kBlocksPerStep, all / 16);
+        for (int tables_seen = 0; budget > 0 && tables_seen <= kTables;) {
+          {
+            std::lock_guard<std::mutex> stop(reaper_mu_);
+            if (stopping_) return;
+          }
+          if (from >= (*blocks)[static_cast<std::size_t>(table)]) {
+            table = (table + 1) % kTables;
+            from = 0;
+            ++tables_seen;
+            continue;
+          }
+          auto n = ReapStep(*pooled, table, from, from + kBlocksPerStep, clock_->Now(),
+                            options_.reclaim_batch);
+          if (!n) break;  // the server is away; try again next tick
+          if (*n < options_.reclaim_batch) from += kBlocksPerStep;
+          budget -= std::min(budget, kBlocksPerStep);
+        }
+      }
+    }
+    lock.lock();
+  }
+}
+
+// ---- client sessions ----
+
+Status PostgresStore::CheckClient(std::string_view scope, std::string_view client_id) const {
+  SessionRequest r;
+  r.scope = scope;
+  r.client_id = client_id;
+  return core::CheckSession(r, options_.max_key_bytes);
+}
+
+Result<SessionInfo> PostgresStore::OpenSession(const SessionRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckSession(req, options_.max_key_bytes));
+  Op op;
+  op.statement = kOpenSession;
+  op.params.Bytes(req.scope);
+  op.params.Bytes(req.client_id);
+  op.params.Int8(Millis(req.ttl));
+  op.params.Int8(req.window);
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderSessions, req.scope, req.client_id);
+  Run({&op, 1});
+  auto row = OneRow(op);
+  if (!row) return row.error();
+  SessionInfo info;
+  info.scope = std::string(req.scope);
+  info.client_id = std::string(req.client_id);
+  info.low_water = static_cast<std::uint64_t>(GetInt8(*row, 0, 0));
+  info.window = static_cast<std::uint32_t>(GetInt8(*row, 0, 1));
+  info.outstanding = static_cast<std::uint32_t>(GetInt8(*row, 0, 2));
+  info.expires = At(GetInt8(*row, 0, 3));
+  return info;
+}
+
+Result<BeginAnswer> PostgresStore::BeginSequenced(const SequencedBeginRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckSequenced(req, options_.max_key_bytes));
+  IDEM_RETURN_IF_ERROR(CheckBigint("sequence number", req.seq));
+  IDEM_RETURN_IF_ERROR(CheckBigint("acknowledgement", req.ack));
+  Op op;
+  op.statement = kBeginSeq;
+  op.params.Bytes(req.scope);
+  op.params.Bytes(req.client_id);
+  op.params.Int8(static_cast<std::int64_t>(req.seq));
+  op.params.Int8(static_cast<std::int64_t>(req.ack));
+  BindFingerprint(op.params, req.fingerprint);
+  op.params.Int8(Millis(clock_->Now()));
+  op.params.Int8(Millis(req.lease));
+  op.params.Int8(Millis(options_.abandoned_retention));
+  op.Order(kOrderSessions, req.scope, req.client_id);
+  Run({&op, 1});
+  auto row = OneRow(op);
+  if (!row) return row.error();
+  switch (GetInt2(*row, 0, 0)) {
+    case kKindUnknownSession:
+      return UnknownSession(req.scope, req.client_id);
+    case kKindWindowFull:
+      return ResourceExhaustedError("sequence number " + std::to_string(req.seq) +
+                                    " is past the session window (low water " +
+                                    std::to_string(GetInt8(*row, 0, 6)) + ", window " +
+                                    std::to_string(GetInt8(*row, 0, 7)) + ")");
+    default:
+      return BeginAnswerOf(*row);
+  }
+}
+
+namespace {
+Result<WriteAnswer> SequencedWrite(const Op& op, std::string_view scope,
+                                   std::string_view client_id) {
+  auto row = OneRow(op);
+  if (!row) return row.error();
+  switch (GetInt2(*row, 0, 0)) {
+    case kWriteApplied:
+      return WriteAnswer::kApplied;
+    case kWriteLeaseLost:
+      return WriteAnswer::kLeaseLost;
+    case kWriteUnknownSession:
+      return UnknownSession(scope, client_id);
+    default:
+      return WrongShape(op.statement);
+  }
+}
+}  // namespace
+
+Result<WriteAnswer> PostgresStore::CompleteSequenced(const SequencedCompleteRequest& req) {
+  IDEM_RETURN_IF_ERROR(CheckClient(req.scope, req.client_id));
+  if (req.seq == 0) return InvalidArgumentError("sequence number 0: numbers start at 1");
+  if (req.seq > static_cast<std::uint64_t>(kMaxBigint)) return WriteAnswer::kLeaseLost;
+  Op op;
+  op.statement = kCompleteSeq;
+  op.params.Bytes(req.scope);
+  op.params.Bytes(req.client_id);
+  op.params.Int8(static_cast<std::int64_t>(req.seq));
+  op.params.Int8(TokenParam(req.token));
+  op.params.Int2(OutcomeParam(req.outcome));
+  op.params.Bytes(req.response);
+  op.params.Int8(Millis(clock_->Now()));
+  op.params.Int8(Millis(kUntilAcknowledged));
+  op.Order(kOrderSessions, req.scope, req.client_id);
+  Run({&op, 1});
+  return SequencedWrite(op, req.scope, req.client_id);
+}
+
+Result<WriteAnswer> PostgresStore::ReleaseSequenced(std::string_view scope,
+                                                    std::string_view client_id, std::uint64_t seq,
+                                                    Token token) {
+  IDEM_RETURN_IF_ERROR(CheckClient(scope, client_id));
+  if (seq == 0) return InvalidArgumentError("sequence number 0: numbers start at 1");
+  if (seq > static_cast<std::uint64_t>(kMaxBigint)) return WriteAnswer::kLeaseLost;
+  Op op;
+  op.statement = kReleaseSeq;
+  op.params.Bytes(scope);
+  op.params.Bytes(client_id);
+  op.params.Int8(static_cast<std::int64_t>(seq));
+  op.params.Int8(TokenParam(token));
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderSessions, scope, client_id);
+  Run({&op, 1});
+  return SequencedWrite(op, scope, client_id);
+}
+
+Result<SessionInfo> PostgresStore::Acknowledge(std::string_view scope, std::string_view client_id,
+                                               std::uint64_t ack) {
+  IDEM_RETURN_IF_ERROR(CheckClient(scope, client_id));
+  IDEM_RETURN_IF_ERROR(CheckBigint("acknowledgement", ack));
+  Op op;
+  op.statement = kAck;
+  op.params.Bytes(scope);
+  op.params.Bytes(client_id);
+  op.params.Int8(static_cast<std::int64_t>(ack));
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderSessions, scope, client_id);
+  Run({&op, 1});
+  auto row = OneRow(op);
+  if (!row) return row.error();
+  if (GetInt2(*row, 0, 0) == kKindUnknownSession) return UnknownSession(scope, client_id);
+  SessionInfo info;
+  info.scope = std::string(scope);
+  info.client_id = std::string(client_id);
+  info.low_water = static_cast<std::uint64_t>(GetInt8(*row, 0, 1));
+  info.window = static_cast<std::uint32_t>(GetInt8(*row, 0, 2));
+  info.outstanding = static_cast<std::uint32_t>(GetInt8(*row, 0, 3));
+  info.expires = At(GetInt8(*row, 0, 4));
+  return info;
+}
+
+// ---- versioned entities ----
+
+Status PostgresStore::CheckEntity(std::string_view scope, std::string_view entity) const {
+  VersionedBeginRequest r;
+  r.scope = scope;
+  r.entity = entity;
+  r.version = 1;
+  return core::CheckVersioned(r, options_.max_key_bytes);
+}
+
+Result<BeginAnswer> PostgresStore::BeginVersioned(const VersionedBeginRequest& req) {
+  IDEM_RETURN_IF_ERROR(core::CheckVersioned(req, options_.max_key_bytes));
+  IDEM_RETURN_IF_ERROR(CheckBigint("version", req.version));
+  Op op;
+  op.statement = kBeginVer;
+  op.params.Bytes(req.scope);
+  op.params.Bytes(req.entity);
+  op.params.Int8(static_cast<std::int64_t>(req.version));
+  op.params.Int8(Millis(clock_->Now()));
+  op.params.Int8(Millis(req.lease));
+  op.params.Int8(Millis(options_.abandoned_retention));
+  op.Order(kOrderEntities, req.scope, req.entity);
+  Run({&op, 1});
+  auto row = OneRow(op);
+  if (!row) return row.error();
+  switch (GetInt2(*row, 0, 0)) {
+    case kKindAcquired:
+      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(*row, 0, 1)),
+                                  AttemptOf(GetInt8(*row, 0, 2)), At(GetInt8(*row, 0, 3))});
+    case kKindBusy:
+      return BeginAnswer(Busy{At(GetInt8(*row, 0, 3))});
+    case kKindStale:
+      return BeginAnswer(Stale{});
+    default:
+      return WrongShape("begin_version");
+  }
+}
+
+Result<WriteAnswer> PostgresStore::CompleteVersioned(const VersionedCompleteRequest& req) {
+  IDEM_RETURN_IF_ERROR(CheckEntity(req.scope, req.entity));
+  IDEM_RETURN_IF_ERROR(core::CheckRetention(req.retention));
+  Op op;
+  op.statement = kCompleteVer;
+  op.params.Bytes(req.scope);
+  op.params.Bytes(req.entity);
+  op.params.Int8(TokenParam(req.token));
+  op.params.Int8(Millis(clock_->Now()));
+  op.params.Int8(Millis(req.retention));
+  op.Order(kOrderEntities, req.scope, req.entity);
+  Run({&op, 1});
+  return AffectedAnswer(op);
+}
+
+Result<WriteAnswer> PostgresStore::ReleaseVersioned(std::string_view scope, std::string_view entity,
+                                                    Token token) {
+  IDEM_RETURN_IF_ERROR(CheckEntity(scope, entity));
+  Op op;
+  op.statement = kReleaseVer;
+  op.params.Bytes(scope);
+  op.params.Bytes(entity);
+  op.params.Int8(TokenParam(token));
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderEntities, scope, entity);
+  Run({&op, 1});
+  return AffectedAnswer(op);
+}
+
+Result<std::optional<EntityVersion>> PostgresStore::GetVersion(std::string_view scope,
+                                                               std::string_view entity) {
+  IDEM_RETURN_IF_ERROR(CheckEntity(scope, entity));
+  Op op;
+  op.statement = kGetVer;
+  op.params.Bytes(scope);
+  op.params.Bytes(entity);
+  op.params.Int8(Millis(clock_->Now()));
+  op.Order(kOrderEntities, scope, entity);
+  Run({&op, 1});
+  if (!op.status.ok()) return op.status;
+  const PGresult* r = op.result.get();
+  if (PQntuples(r) == 0) return std::optional<EntityVersion>();
+  EntityVersion v;
+  v.scope = std::string(scope);
+  v.entity = std::string(entity);
+  v.applied = static_cast<std::uint64_t>(GetInt8(r, 0, 0));
+  if (const std::int64_t p = GetInt8(r, 0, 1); p != 0)
+    v.in_progress = static_cast<std::uint64_t>(p);
+  v.token = static_cast<Token>(GetInt8(r, 0, 2));
+  v.attempt = AttemptOf(GetInt8(r, 0, 3));
+  v.lease_deadline = At(GetInt8(r, 0, 4));
+  v.expires = At(GetInt8(r, 0, 5));
+  return std::optional<EntityVersion>(std::move(v));
+}
+
+}  // namespace idem::pg
+
+// ---- the public factory and schema calls ----
+
+namespace idem {
+
+Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options) {
+  return pg::PostgresStore::Open(options);
+}
+
+namespace {
+// Schema changes may wait for another init's lock; give them longer than one call.
+std::chrono::milliseconds InitTimeout(const PostgresStoreOptions& o) {
+  return std::max<std::chrono::milliseconds>(o.statement_timeout, std::chrono::seconds(60));
+}
+}  // namespace
+
+Result<std::optional<int>> PostgresSchemaVersion(const PostgresStoreOptions& options) {
+  IDEM_RETURN_IF_ERROR(pg::CheckSchemaName(options.schema));
+  const pg::Deadline deadline = pg::DeadlineIn(options.connect_timeout + InitTimeout(options));
+  auto conn = pg::Connection::Open(options.conninfo, deadline, options.statement_timeout);
+  if (!conn) return conn.error();
+  return pg::ReadVersion(**conn, options.schema, deadline);
+}
+
+Status InitPostgresSchema(const PostgresStoreOptions& options) {
+  IDEM_RETURN_IF_ERROR(pg::CheckSchemaName(options.schema));
+  const pg::Deadline deadline = pg::DeadlineIn(options.connect_timeout + InitTimeout(options));
+  auto conn = pg::Connection::Open(options.conninfo, deadline, InitTimeout(options));
+  if (!conn) return conn.error();
+  pg::Connection& c = **conn;
+  // One transaction: a failure part-way leaves the database as it was.
+  auto begun = c.Exec("BEGIN", deadline);
+  if (!begun) return begun.error();
+  auto found = c.Exec(pg::SchemaPrologue(options.schema), deadline);
+  if (!found) return found.error();
+  if (*found != nullptr && PQntuples(found->get()) == 1) {
+    const std::string version = PQgetvalue(found->get(), 0, 0);
+    if (version != std::to_string(kPostgresSchemaVersion)) {
+      (void)c.Exec("ROLLBACK", deadline);
+      const int v = std::atoi(version.c_str());
+      return FailedPreconditionError(pg::OtherVersion(options.schema, v) +
+                                     "; this idem does not change another version's schema");
+    }
+  }
+  auto body = c.Exec(pg::SchemaBody(options.schema), deadline);
+  if (!body) return body.error();
+  auto committed = c.Exec("COMMIT", deadline);
+  if (!committed) return committed.error();
+  return OkStatus();
+}
+
+}  // namespace idem

@@ -1,0 +1,554 @@
+// The PostgreSQL store beyond the contract suite: its URLs, the schema check, group commit and
+// batches, the reaper, and failing closed when the server goes away.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <latch>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <libpq-fe.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "idem/stores/postgres.h"
+#include "stores/postgres/testing.h"
+#include "stores/store_contract.h"
+#include "tests/support/fake_clock.h"
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+using pg::testing::FreshStoreOptions;
+using pg::testing::LocalPostgres;
+using pg::testing::SqlValue;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+// Runs body(0) .. body(threads-1) on their own threads, released together.
+void RunConcurrently(int threads, const std::function<void(int)>& body) {
+  std::latch start(threads);
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t) {
+    running.emplace_back([&start, &body, t] {
+      start.arrive_and_wait();
+      body(t);
+    });
+  }
+  for (std::thread& th : running) th.join();
+}
+
+// Polls `done` every few milliseconds for up to `limit` of real time.
+bool Eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 30s) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return done();
+}
+
+bool IsAcquired(const Result<BeginAnswer>& r) {
+  return r.has_value() && std::holds_alternative<Acquired>(*r);
+}
+
+std::vector<std::string> Keys(int n, std::string_view prefix = "key-") {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(std::string(prefix) + std::to_string(i));
+  return keys;
+}
+
+// ==== URLs ====================================================================================
+
+TEST(PostgresUrlTest, TakesIdemParametersAndLeavesTheRestToLibpq) {
+  const auto o = ParsePostgresStoreUrl(
+      "postgres://app:secret@db.internal:6432/orders?schema=tenant_a&pool_size=8&"
+      "max_transactions=3&sslmode=disable&max_key_bytes=512&abandoned_retention=2h&"
+      "connect_timeout=1500ms&statement_timeout=3s&reclaim_interval=0&reclaim_batch=50&"
+      "application_name=billing");
+  ASSERT_TRUE(o.has_value()) << o.error().ToString();
+  EXPECT_EQ(o->conninfo,
+            "postgres://app:secret@db.internal:6432/orders?sslmode=disable&application_name="
+            "billing");
+  EXPECT_EQ(o->schema, "tenant_a");
+  EXPECT_EQ(o->pool_size, 8u);
+  EXPECT_EQ(o->max_transactions, 3u);
+  EXPECT_EQ(o->max_key_bytes, 512u);
+  EXPECT_EQ(o->abandoned_retention, 2h);
+  EXPECT_EQ(o->connect_timeout, 1500ms);
+  EXPECT_EQ(o->statement_timeout, 3s);
+  EXPECT_EQ(o->reclaim_interval, 0ms);
+  EXPECT_EQ(o->reclaim_batch, 50u);
+}
+
+TEST(PostgresUrlTest, DefaultsAndBothSchemes) {
+  const auto o = ParsePostgresStoreUrl("postgresql://idem@127.0.0.1:5432/idem");
+  ASSERT_TRUE(o.has_value()) << o.error().ToString();
+  EXPECT_EQ(o->conninfo, "postgresql://idem@127.0.0.1:5432/idem");
+  EXPECT_EQ(o->schema, "idem");
+  EXPECT_EQ(o->pool_size, PostgresStoreOptions{}.pool_size);
+  EXPECT_EQ(o->statement_timeout, PostgresStoreOptions{}.statement_timeout);
+  EXPECT_TRUE(ParsePostgresStoreUrl("postgres:///idem?schema=x1").has_value());
+  EXPECT_THAT(ParsePostgresStoreUrl("postgres://h/db?statement_timeout=250"),
+              HoldsValue(::testing::Field(&PostgresStoreOptions::statement_timeout, 250ms)));
+}
+
+TEST(PostgresUrlTest, RejectsWhatIsWrongNamingIt) {
+  const auto rejects = [](std::string_view url, std::string_view why) {
+    EXPECT_THAT(ParsePostgresStoreUrl(url),
+                StatusIs(StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("PostgreSQL store URL"), HasSubstr(std::string(why)))))
+        << url;
+  };
+  rejects("redis://127.0.0.1:6379", "postgres://");
+  rejects("postgres://h/db?schema=Tenant-A", "schema name \"Tenant-A\"");
+  rejects("postgres://h/db?schema=", "schema name \"\" is empty");
+  rejects("postgres://h/db?schema=1abc", "not starting with a digit");
+  rejects("postgres://h/db?pool_size=0", "pool_size=0");
+  rejects("postgres://h/db?pool_size=many", "pool_size=many");
+  rejects("postgres://h/db?max_transactions=-1", "max_transactions=-1");
+  rejects("postgres://h/db?statement_timeout=5x", "statement_timeout=5x");
+  rejects("postgres://h/db?statement_timeout=0", "positive duration");
+  rejects("postgres://h/db?connect_timeout=", "connect_timeout=");
+  rejects("postgres://h/db?schema", "\"schema\" has no value");
+  rejects("postgres://h/db?no_such_option=1", "no_such_option");
+}
+
+// ==== the schema ==============================================================================
+
+TEST(PostgresSchemaTest, OpenWithoutSchemaSaysToRunInit) {
+  auto conninfo = pg::testing::TestConninfo();
+  ASSERT_TRUE(conninfo.has_value()) << conninfo.error().ToString();
+  PostgresStoreOptions o;
+  o.conninfo = *conninfo;
+  o.schema = pg::testing::FreshSchemaName();
+  EXPECT_THAT(OpenPostgresStore(o),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("\"" + o.schema + "\""), HasSubstr("idem store init"))));
+  EXPECT_THAT(PostgresSchemaVersion(o), HoldsValue(std::optional<int>()));
+}
+
+TEST(PostgresSchemaTest, InitCreatesOnceAndIsIdempotent) {
+  auto conninfo = pg::testing::TestConninfo();
+  ASSERT_TRUE(conninfo.has_value()) << conninfo.error().ToString();
+  PostgresStoreOptions o;
+  o.conninfo = *conninfo;
+  o.schema = pg::testing::FreshSchemaName();
+  o.reclaim_interval = 0ms;
+  ASSERT_TRUE(InitPostgresSchema(o).ok());
+  EXPECT_THAT(PostgresSchemaVersion(o), HoldsValue(Optional(kPostgresSchemaVersion)));
+  auto store = OpenPostgresStore(o);
+  ASSERT_TRUE(store.has_value()) << store.error().ToString();
+  const Acquired a = ExpectAcquired((*store)->Begin({.scope = "s", .key = "k"}));
+  // Again, with a store open on it: nothing is lost, and the store goes on working.
+  ASSERT_TRUE(InitPostgresSchema(o).ok());
+  EXPECT_THAT((*store)->Complete({.scope = "s", .key = "k", .token = a.token, .response = "r"}),
+              IsApplied());
+  EXPECT_THAT(ExpectReplay((*store)->Begin({.scope = "s", .key = "k"})).response, "r");
+}
+
+TEST(PostgresSchemaTest, ConcurrentInitsOfOneSchemaAllSucceed) {
+  auto conninfo = pg::testing::TestConninfo();
+  ASSERT_TRUE(conninfo.has_value()) << conninfo.error().ToString();
+  PostgresStoreOptions o;
+  o.conninfo = *conninfo;
+  o.schema = pg::testing::FreshSchemaName();
+  std::vector<Status> results(4);
+  RunConcurrently(4, [&](int t) { results[static_cast<std::size_t>(t)] = InitPostgresSchema(o); });
+  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_THAT(PostgresSchemaVersion(o), HoldsValue(Optional(kPostgresSchemaVersion)));
+}
+
+TEST(PostgresSchemaTest, AnotherVersionIsRefusedNamingBoth) {
+  auto o = FreshStoreOptions();
+  ASSERT_TRUE(o.has_value()) << o.error().ToString();
+  ASSERT_TRUE(SqlValue(o->conninfo, "UPDATE \"" + o->schema +
+                                        "\".meta SET value = '7' WHERE name = 'schema_version' "
+                                        "RETURNING 1")
+                  .has_value());
+  const auto both =
+      AllOf(HasSubstr("version 7"), HasSubstr("version " + std::to_string(kPostgresSchemaVersion)),
+            HasSubstr(o->schema));
+  EXPECT_THAT(OpenPostgresStore(*o), StatusIs(StatusCode::kFailedPrecondition, both));
+  EXPECT_THAT(InitPostgresSchema(*o), StatusIs(StatusCode::kFailedPrecondition, both));
+  EXPECT_THAT(PostgresSchemaVersion(*o), HoldsValue(Optional(7)));
+}
+
+TEST(PostgresSchemaTest, NoServerIsUnavailable) {
+  PostgresStoreOptions o;
+  o.conninfo = "postgres://postgres@127.0.0.1:1/idem";  // nothing listens on port 1
+  EXPECT_THAT(OpenPostgresStore(o), StatusIs(StatusCode::kUnavailable, HasSubstr("connect")));
+  EXPECT_THAT(InitPostgresSchema(o), StatusIs(StatusCode::kUnavailable, HasSubstr("connect")));
+}
+
+// ==== group commit and batches ================================================================
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto o = FreshStoreOptions();
+    ASSERT_TRUE(o.has_value()) << o.error().ToString();
+    options_ = *o;
+    options_.clock = &clock_;
+    store_ = Open(options_);
+    ASSERT_NE(store_, nullptr);
+  }
+
+  std::unique_ptr<Store> Open(const PostgresStoreOptions& o) {
+    auto s = OpenPostgresStore(o);
+    EXPECT_TRUE(s.has_value()) << s.error().ToString();
+    return s.has_value() ? std::move(*s) : nullptr;
+  }
+
+  // `"schema".table`
+  std::string Table(std::string_view name) const {
+    return "\"" + options_.schema + "\"." + std::string(name);
+  }
+  std::string Value(const std::string& sql) const {
+    auto v = SqlValue(options_.conninfo, sql);
+    EXPECT_TRUE(v.has_value()) << v.error().ToString();
+    return v.value_or("");
+  }
+
+  testing::FakeClock clock_;
+  PostgresStoreOptions options_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(PostgresStoreTest, ABatchIsOneTransaction) {
+  const std::vector<std::string> keys = Keys(300);
+  std::vector<BeginRequest> begins;
+  for (const std::string& k : keys) begins.push_back({.scope = "b", .key = k});
+  const auto got = store_->BeginBatch(begins);
+  ASSERT_EQ(got.size(), keys.size());
+  std::vector<CompleteRequest> completes;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    completes.push_back(
+        {.scope = "b", .key = keys[i], .token = ExpectAcquired(got[i]).token, .response = "r"});
+  }
+  // Every row was written by the same transaction (one xmin).
+  EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
+  for (const auto& r : store_->CompleteBatch(completes)) EXPECT_THAT(r, IsApplied());
+  EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
+  EXPECT_EQ(Value("SELECT count(*) FROM " + Table("records") + " WHERE state = 2"), "300");
+}
+
+TEST_F(PostgresStoreTest, ABatchLargerThanAGroupIsStillOneTransaction) {
+  std::vector<std::string> keys = Keys(3000);
+  std::vector<BeginRequest> begins;
+  for (const std::string& k : keys) begins.push_back({.scope = "b", .key = k});
+  for (const auto& r : store_->BeginBatch(begins)) ExpectAcquired(r);
+  EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
+}
+
+TEST_F(PostgresStoreTest, ConcurrentCallersShareTransactions) {
+  constexpr int kThreads = 32;
+  constexpr int kEach = 40;
+  std::atomic<int> acquired{0};
+  RunConcurrently(kThreads, [&](int t) {
+    for (int i = 0; i < kEach; ++i) {
+      const std::string key = std::to_string(t) + "/" + std::to_string(i);
+      if (IsAcquired(store_->Begin({.scope = "c", .key = key}))) acquired.fetch_add(1);
+    }
+  });
+  EXPECT_EQ(acquired.load(), kThreads * kEach);
+  // Fewer transactions than calls: callers waiting together went out together.
+  const int transactions =
+      std::stoi(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")));
+  EXPECT_LT(transactions, kThreads * kEach);
+}
+
+TEST_F(PostgresStoreTest, OverlappingBatchesInOtherOrdersAcquireEachKeyOnce) {
+  // Groups lock rows in one order whatever the callers' order, so these never deadlock.
+  constexpr int kThreads = 8;
+  const std::vector<std::string> keys = Keys(300);
+  std::vector<std::vector<Result<BeginAnswer>>> seen(kThreads);
+  std::vector<std::vector<std::size_t>> orders(kThreads);
+  RunConcurrently(kThreads, [&](int t) {
+    auto& order = orders[static_cast<std::size_t>(t)];
+    for (std::size_t i = 0; i < keys.size(); ++i) order.push_back(i);
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
+    std::vector<BeginRequest> reqs;
+    for (std::size_t i : order) reqs.push_back({.scope = "o", .key = keys[i]});
+    seen[static_cast<std::size_t>(t)] = store_->BeginBatch(reqs);
+  });
+  std::vector<int> count(keys.size(), 0);
+  for (int t = 0; t < kThreads; ++t) {
+    const auto& answers = seen[static_cast<std::size_t>(t)];
+    ASSERT_EQ(answers.size(), keys.size());
+    for (std::size_t j = 0; j < answers.size(); ++j) {
+      const std::size_t i = orders[static_cast<std::size_t>(t)][j];
+      if (IsAcquired(answers[j])) {
+        ++count[i];
+      } else {
+        EXPECT_TRUE(answers[j].has_value() && std::holds_alternative<Busy>(*answers[j]))
+            << keys[i] << ": " << ::testing::PrintToString(answers[j]);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(count[i], 1) << keys[i];
+}
+
+TEST_F(PostgresStoreTest, TwoStoresOnOneSchemaAcquireEachKeyOnce) {
+  std::unique_ptr<Store> other = Open(options_);
+  ASSERT_NE(other, nullptr);
+  const std::vector<std::string> keys = Keys(200);
+  std::vector<std::atomic<int>> count(keys.size());
+  RunConcurrently(8, [&](int t) {
+    Store& s = t % 2 == 0 ? *store_ : *other;
+    for (std::size_t j = 0; j < keys.size(); ++j) {
+      const std::size_t i = (j + static_cast<std::size_t>(t) * 17) % keys.size();
+      const auto r = s.Begin({.scope = "two", .key = keys[i]});
+      if (IsAcquired(r)) count[i].fetch_add(1);
+      EXPECT_TRUE(r.has_value()) << r.error().ToString();
+    }
+  });
+  for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(count[i].load(), 1) << keys[i];
+}
+
+TEST_F(PostgresStoreTest, TokensGrowAcrossStoresSharingTheSchema) {
+  std::unique_ptr<Store> other = Open(options_);
+  ASSERT_NE(other, nullptr);
+  Token last = 0;
+  for (int i = 0; i < 10; ++i) {
+    Store& s = i % 2 == 0 ? *store_ : *other;
+    const Acquired a = ExpectAcquired(s.Begin({.scope = "t", .key = "k"}));
+    EXPECT_GT(a.token, last);
+    last = a.token;
+    ASSERT_THAT(s.Release("t", "k", a.token), IsApplied());
+  }
+}
+
+TEST_F(PostgresStoreTest, AFailingStatementFailsOnlyItsCall) {
+  PostgresStoreOptions o = options_;
+  o.statement_timeout = 800ms;
+  std::unique_ptr<Store> store = Open(o);
+  ASSERT_NE(store, nullptr);
+  const Acquired x = ExpectAcquired(store->Begin({.scope = "g", .key = "x"}));
+  const Acquired y = ExpectAcquired(store->Begin({.scope = "g", .key = "y"}));
+  // Another session holds x's row, so x's completion waits until the server cancels it. It
+  // shares a transaction with y's, which rolls back with it and is then run again on its own.
+  PGconn* holder = PQconnectdb(options_.conninfo.c_str());
+  ASSERT_EQ(PQstatus(holder), CONNECTION_OK) << PQerrorMessage(holder);
+  PQclear(PQexec(holder, "BEGIN"));
+  PGresult* locked = PQexec(holder, ("SELECT 1 FROM " + Table("records") +
+                                     " WHERE key = convert_to('x', 'UTF8') FOR UPDATE")
+                                        .c_str());
+  EXPECT_EQ(PQntuples(locked), 1) << PQresultErrorMessage(locked);
+  PQclear(locked);
+  const auto got = store->CompleteBatch(std::vector<CompleteRequest>{
+      {.scope = "g", .key = "x", .token = x.token}, {.scope = "g", .key = "y", .token = y.token}});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_THAT(got[0], StatusIs(StatusCode::kUnavailable, HasSubstr("statement timeout")));
+  EXPECT_THAT(got[1], IsApplied());
+  PQclear(PQexec(holder, "ROLLBACK"));
+  PQfinish(holder);
+  // The connection survived, and x is still there to complete.
+  EXPECT_THAT(store->Complete({.scope = "g", .key = "x", .token = x.token}), IsApplied());
+}
+
+TEST_F(PostgresStoreTest, StatsCountBytes) {
+  ExpectAcquired(store_->Begin({.scope = "s", .key = "k"}));
+  const auto st = store_->Stats();
+  ASSERT_TRUE(st.has_value()) << st.error().ToString();
+  EXPECT_EQ(st->in_progress, 1u);
+  EXPECT_GT(st->bytes, 0u);
+}
+
+// ==== reclaiming ==============================================================================
+
+TEST_F(PostgresStoreTest, PurgeWalksTheWholeTableInSteps) {
+  // More rows than one step's blocks hold, and a small batch: many short transactions.
+  PostgresStoreOptions o = options_;
+  o.reclaim_batch = 500;
+  std::unique_ptr<Store> store = Open(o);
+  ASSERT_NE(store, nullptr);
+  constexpr int kRecords = 12'000;
+  const std::vector<std::string> keys = Keys(kRecords);
+  const std::string response(100, 'x');
+  for (int from = 0; from < kRecords; from += 1000) {
+    std::vector<BeginRequest> begins;
+    for (int i = from; i < from + 1000; ++i) {
+      begins.push_back({.scope = "p", .key = keys[static_cast<std::size_t>(i)]});
+    }
+    std::vector<CompleteRequest> completes;
+    const auto got = store->BeginBatch(begins);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      completes.push_back({.scope = "p",
+                           .key = begins[i].key,
+                           .token = ExpectAcquired(got[i]).token,
+                           .response = response,
+                           .retention = 1s});
+    }
+    for (const auto& r : store->CompleteBatch(completes)) ASSERT_THAT(r, IsApplied());
+  }
+  ExpectAcquired(store->Begin({.scope = "p", .key = "kept", .lease = 1h}));
+  ASSERT_GT(std::stoll(Value("SELECT pg_relation_size('" + Table("records") +
+                             "') / current_setting('block_size')::bigint")),
+            64);
+  EXPECT_THAT(store->Purge(), HoldsValue(0u));
+  clock_.Advance(1s);
+  EXPECT_THAT(store->Purge(), HoldsValue(static_cast<std::uint64_t>(kRecords)));
+  EXPECT_EQ(Value("SELECT count(*) FROM " + Table("records")), "1");
+}
+
+TEST_F(PostgresStoreTest, ReaperReclaimsInTheBackground) {
+  PostgresStoreOptions o = options_;
+  o.reclaim_interval = 5ms;
+  o.reclaim_batch = 7;
+  std::unique_ptr<Store> store = Open(o);
+  ASSERT_NE(store, nullptr);
+  for (const std::string& key : Keys(50)) {
+    const Acquired a = ExpectAcquired(store->Begin({.scope = "r", .key = key}));
+    ASSERT_THAT(store->Complete({.scope = "r", .key = key, .token = a.token, .retention = 1s}),
+                IsApplied());
+  }
+  const Acquired kept = ExpectAcquired(store->Begin({.scope = "r", .key = "kept", .lease = 1h}));
+  ASSERT_TRUE(store->OpenSession({.scope = "r", .client_id = "c", .ttl = 1s}).has_value());
+  ExpectAcquired(store->BeginSequenced({.scope = "r", .client_id = "c", .seq = 1}));
+  const Acquired v =
+      ExpectAcquired(store->BeginVersioned({.scope = "r", .entity = "e", .version = 1}));
+  ASSERT_THAT(
+      store->CompleteVersioned({.scope = "r", .entity = "e", .token = v.token, .retention = 1s}),
+      IsApplied());
+  clock_.Advance(1s);
+  const auto left = [&](std::string_view table) {
+    return Value("SELECT count(*) FROM " + Table(table));
+  };
+  EXPECT_TRUE(Eventually([&] {
+    return left("records") == "1" && left("sessions") == "0" && left("seq_records") == "0" &&
+           left("entities") == "0";
+  })) << "records "
+      << left("records") << ", sessions " << left("sessions") << ", seq_records "
+      << left("seq_records") << ", entities " << left("entities");
+  EXPECT_THAT(store->Get("r", "kept"),
+              HoldsValue(Optional(::testing::Field(&Record::token, kept.token))));
+}
+
+// ==== failing closed ==========================================================================
+
+// A store on a server of the test's own, which the test stops, freezes and starts again.
+class PostgresFailClosedTest : public ::testing::Test {
+ protected:
+  static constexpr std::chrono::milliseconds kTimeout = 1500ms;
+
+  void SetUp() override {
+    auto server = LocalPostgres::Start();
+    ASSERT_TRUE(server.has_value()) << server.error().ToString();
+    server_ = std::move(*server);
+    options_.conninfo = server_->conninfo();
+    options_.connect_timeout = kTimeout;
+    options_.statement_timeout = kTimeout;
+    options_.pool_size = 2;
+    options_.max_transactions = 2;
+    options_.reclaim_interval = 0ms;
+    ASSERT_TRUE(InitPostgresSchema(options_).ok());
+    auto store = OpenPostgresStore(options_);
+    ASSERT_TRUE(store.has_value()) << store.error().ToString();
+    store_ = std::move(*store);
+  }
+
+  // One begin/complete cycle on a new key.
+  Status Cycle(const std::string& key) {
+    const auto b = store_->Begin({.scope = "f", .key = key});
+    if (!b) return b.error();
+    if (!std::holds_alternative<Acquired>(*b)) return InternalError("not acquired: " + key);
+    const auto c = store_->Complete(
+        {.scope = "f", .key = key, .token = std::get<Acquired>(*b).token, .response = "r"});
+    if (!c) return c.error();
+    return *c == WriteAnswer::kApplied ? OkStatus() : InternalError("lease lost: " + key);
+  }
+
+  // Every kind of call answers kUnavailable, each within the timeouts (a call may wait for a
+  // connection another call holds, then time out itself). The calls run side by side.
+  void ExpectEveryCallUnavailable() {
+    const std::vector<std::pair<const char*, std::function<Status()>>> calls = {
+        {"Begin", [&] { return store_->Begin({.scope = "f", .key = "down"}).status(); }},
+        {"Complete",
+         [&] { return store_->Complete({.scope = "f", .key = "down", .token = 1}).status(); }},
+        {"Get", [&] { return store_->Get("f", "k").status(); }},
+        {"BeginBatch",
+         [&] {
+           return store_->BeginBatch(std::vector<BeginRequest>{{.scope = "f", .key = "b"}})[0]
+               .status();
+         }},
+        {"List", [&] { return store_->List({}).status(); }},
+        {"Stats", [&] { return store_->Stats().status(); }},
+        {"Purge", [&] { return store_->Purge().status(); }},
+    };
+    std::vector<Status> got(calls.size());
+    std::vector<std::chrono::steady_clock::duration> took(calls.size());
+    RunConcurrently(static_cast<int>(calls.size()), [&](int i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      got[static_cast<std::size_t>(i)] = calls[static_cast<std::size_t>(i)].second();
+      took[static_cast<std::size_t>(i)] = std::chrono::steady_clock::now() - t0;
+    });
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(got[i].code(), StatusCode::kUnavailable)
+          << calls[i].first << ": " << got[i].ToString();
+      EXPECT_LT(took[i], kTimeout * 2 + 1s) << calls[i].first;
+    }
+  }
+
+  // Until the server answers again (the store reconnects by itself), then a run of cycles.
+  void ExpectRecoveryWithoutReopening(const std::string& prefix) {
+    int n = 0;
+    EXPECT_TRUE(Eventually([&] { return Cycle(prefix + std::to_string(n++)).ok(); }, 60s));
+    for (int i = 0; i < 50; ++i) {
+      const Status s = Cycle(prefix + "after-" + std::to_string(i));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    EXPECT_THAT(store_->Stats(),
+                HoldsValue(::testing::Field(&StoreStats::completed, ::testing::Ge(50u))));
+  }
+
+  std::unique_ptr<LocalPostgres> server_;
+  PostgresStoreOptions options_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(PostgresFailClosedTest, StoppedServerIsUnavailableAndRecoveryNeedsNoReopen) {
+  // Load from several threads; each thread stops after its first failure.
+  std::atomic<int> ok{0};
+  std::vector<Status> first_error(4);
+  std::vector<std::thread> load;
+  for (int t = 0; t < 4; ++t) {
+    load.emplace_back([&, t] {
+      for (int i = 0;; ++i) {
+        const Status s = Cycle("load-" + std::to_string(t) + "-" + std::to_string(i));
+        if (!s.ok()) {
+          first_error[static_cast<std::size_t>(t)] = s;
+          return;
+        }
+        ok.fetch_add(1);
+      }
+    });
+  }
+  ASSERT_TRUE(Eventually([&] { return ok.load() >= 100; }));
+  ASSERT_TRUE(server_->Stop().ok());
+  for (std::thread& t : load) t.join();
+  for (const Status& s : first_error) {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  }
+  ExpectEveryCallUnavailable();
+  ASSERT_TRUE(server_->Restart().ok());
+  ExpectRecoveryWithoutReopening("restarted-");
+}
+
+TEST_F(PostgresFailClosedTest, ServerThatStopsAnsweringIsUnavailableWithinTheTimeout) {
+  ASSERT_TRUE(Cycle("before").ok());
+  ASSERT_TRUE(server_->Freeze().ok());
+  ExpectEveryCallUnavailable();
+  ASSERT_TRUE(server_->Thaw().ok());
+  ExpectRecoveryWithoutReopening("thawed-");
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,327 @@
+// Transactional mode (SPEC §3, exactly-once effect): begin is committed on its own; the handler
+// then writes in a transaction of its own, which completes the record under the acquired token
+// and commits in the same round trip. A crash before that commit leaves no effect and an
+// IN_PROGRESS record whose lease a later delivery takes over; a lost lease makes the completion
+// fail, which rolls the handler's writes back. docs/postgres.md has the whole argument.
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "idem/fingerprint.h"
+#include "idem/stores/postgres.h"
+#include "stores/postgres/postgres_store.h"
+
+namespace idem {
+namespace {
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  std::chrono::nanoseconds Elapsed() const { return std::chrono::steady_clock::now() - start_; }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// As the plain receiver: store errors fail closed (kUnavailable) unless the input is bad.
+Status StoreError(const Status& s, std::string_view what) {
+  if (s.code() == StatusCode::kInvalidArgument) return s;
+  return UnavailableError(std::string(what) + ": " + s.ToString());
+}
+
+Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::string_view payload) {
+  switch (mode) {
+    case FingerprintMode::kNone:
+      return std::optional<Fingerprint>();
+    case FingerprintMode::kBytes:
+      return std::optional<Fingerprint>(FingerprintBytes(payload));
+    case FingerprintMode::kJson: {
+      auto fp = FingerprintJson(payload);
+      if (!fp) return Status(fp.error().code(), "payload: " + fp.error().message());
+      return std::optional<Fingerprint>(*fp);
+    }
+  }
+  return InternalError("unknown fingerprint mode");
+}
+
+Delivered Answered(const BeginAnswer& a, std::string key) {
+  if (const auto* r = std::get_if<Replay>(&a)) {
+    return Delivered{.delivery = Delivery::kReplayed,
+                     .key = std::move(key),
+                     .outcome = r->outcome,
+                     .response = r->response,
+                     .attempt = r->attempt};
+  }
+  if (std::holds_alternative<Busy>(a)) return Delivered{.delivery = Delivery::kBusy, .key = key};
+  if (std::holds_alternative<Conflict>(a)) {
+    return Delivered{.delivery = Delivery::kConflict, .key = std::move(key)};
+  }
+  return Delivered{.delivery = Delivery::kStale, .key = std::move(key)};
+}
+
+// Runs one statement on a pipelined connection outside any group.
+Status Simple(pg::Connection& conn, std::string_view sql, std::chrono::milliseconds timeout) {
+  pg::Params none;
+  auto r = pg::RunQuery(conn, sql, none, nullptr, pg::DeadlineIn(timeout));
+  return r ? OkStatus() : r.error();
+}
+
+}  // namespace
+
+// ---- PgTransaction ----
+
+PGconn* PgTransaction::connection() const { return conn_->get(); }
+
+Result<PgRows> PgTransaction::Exec(std::string_view sql,
+                                   std::span<const std::optional<std::string_view>> params) {
+  auto r = conn_->ExecText(sql, params, pg::DeadlineIn(timeout_));
+  if (!r) {
+    if (failure_.ok()) failure_ = r.error();
+    return r.error();
+  }
+  const PGresult* res = r->get();
+  const ExecStatusType st = PQresultStatus(res);
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+    Status s = pg::StatusOfResult(res, "statement failed");
+    if (s.code() != StatusCode::kUnavailable) s = InvalidArgumentError(s.message());
+    if (failure_.ok()) failure_ = s;
+    return s;
+  }
+  PgRows rows;
+  const int fields = PQnfields(res);
+  for (int c = 0; c < fields; ++c) rows.columns.emplace_back(PQfname(res, c));
+  for (int i = 0; i < PQntuples(res); ++i) {
+    auto& row = rows.rows.emplace_back();
+    for (int c = 0; c < fields; ++c) {
+      if (PQgetisnull(res, i, c)) {
+        row.emplace_back();
+      } else {
+        row.emplace_back(
+            std::string(PQgetvalue(res, i, c), static_cast<std::size_t>(PQgetlength(res, i, c))));
+      }
+    }
+  }
+  rows.affected = pg::AffectedRows(res);
+  return rows;
+}
+
+// ---- TransactionalReceiver ----
+
+TransactionalReceiver::TransactionalReceiver(Store& store, ReceiverOptions options)
+    : store_(store),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
+      keys_(store, options_) {
+  IDEM_CHECK_MSG(pg::AsPostgres(store) != nullptr,
+                 "TransactionalReceiver needs a store from OpenPostgresStore");
+}
+
+TransactionalReceiver::~TransactionalReceiver() = default;
+
+Result<BeginAnswer> TransactionalReceiver::CountedBegin(const BeginRequest& req) {
+  Stopwatch sw;
+  auto answer = store_.Begin(req);
+  Metrics* m = options_.metrics;
+  if (m == nullptr) return answer;
+  m->store_begin_seconds->ObserveDuration(sw.Elapsed());
+  if (!answer) {
+    m->store_errors->Inc();
+    return answer;
+  }
+  if (const auto* a = std::get_if<Acquired>(&*answer)) {
+    m->begin_acquired->Inc();
+    if (a->attempt > 1) m->takeovers->Inc();
+  } else if (std::holds_alternative<Busy>(*answer)) {
+    m->begin_busy->Inc();
+  } else if (std::holds_alternative<Replay>(*answer)) {
+    m->begin_replay->Inc();
+  } else if (std::holds_alternative<Conflict>(*answer)) {
+    m->begin_conflict->Inc();
+  } else {
+    m->begin_stale->Inc();
+  }
+  return answer;
+}
+
+Result<Delivered> TransactionalReceiver::Receive(const Message& message,
+                                                 const TransactionalHandler& handler) {
+  auto fp = FingerprintFor(options_.fingerprint, message.payload);
+  if (!fp) return fp.error();
+  auto key = keys_.KeyOf(message);
+  if (!key) return key.error();
+  const BeginRequest req{options_.scope, *key, *fp, options_.lease};
+  auto answer = CountedBegin(req);
+  if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
+  if (std::holds_alternative<Busy>(*answer) && options_.busy_policy != BusyPolicy::kReject) {
+    // kWait and kCoalesce: poll until the holder finishes or busy_wait runs out.
+    const Timestamp deadline = clock_.Now() + options_.busy_wait;
+    std::chrono::milliseconds backoff{1};
+    while (std::holds_alternative<Busy>(*answer)) {
+      const Timestamp now = clock_.Now();
+      if (now >= deadline) break;
+      clock_.SleepFor(
+          std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
+      answer = CountedBegin(req);
+      if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
+    }
+  }
+  if (const auto* a = std::get_if<Acquired>(&*answer)) {
+    return Execute(std::move(*key), *a, message, handler);
+  }
+  return Answered(*answer, std::move(*key));
+}
+
+Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired& acquired,
+                                                 const Message& message,
+                                                 const TransactionalHandler& handler) {
+  pg::PostgresStore& store = *pg::AsPostgres(store_);
+  const std::chrono::milliseconds timeout = store.options().statement_timeout;
+  Metrics* m = options_.metrics;
+  // The key is ours but the handler cannot run: give it back so a retry need not wait for the
+  // lease (best effort; if that fails too, the lease runs out).
+  const auto not_run = [&](const Status& s) -> Result<Delivered> {
+    (void)store_.Release(options_.scope, key, acquired.token);
+    if (m != nullptr) m->store_errors->Inc();
+    return StoreError(s, "no transaction for the handler; handler not run");
+  };
+  auto taken = store.transactions().Take();
+  if (!taken) return not_run(taken.error());
+  pg::PooledConnection conn(store.transactions(), std::move(*taken));
+  if (Status s = Simple(*conn, "BEGIN", timeout); !s.ok()) return not_run(s);
+  if (Status s = conn->LeavePipeline(); !s.ok()) return not_run(s);
+
+  PgTransaction tx(&*conn, timeout);
+  const HandlerContext ctx{options_.scope, key, acquired.attempt, acquired.token, message.payload};
+  HandlerResult result;
+  Stopwatch sw;
+  try {
+    result = handler(ctx, tx);
+  } catch (const std::exception& e) {
+    result = {Outcome::kFailure, std::string("handler threw: ") + e.what()};
+  } catch (...) {
+    result = {Outcome::kFailure, "handler threw a non-standard exception"};
+  }
+  if (m != nullptr) m->handler_seconds->ObserveDuration(sw.Elapsed());
+
+  Delivered out{.delivery = Delivery::kExecuted,
+                .key = key,
+                .outcome = result.outcome,
+                .response = {},
+                .attempt = acquired.attempt};
+  // The handler may have left the connection unusable (its own libpq calls): then closing it is
+  // the rollback.
+  const bool usable = conn->ReenterPipeline().ok() && conn->Healthy();
+  const bool in_error = !usable || PQtransactionStatus(conn->get()) != PQTRANS_INTRANS;
+  const auto rollback = [&] {
+    if (usable && !Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
+    if (!usable) (void)conn->Fail("the handler left the connection unusable");
+  };
+
+  if (result.outcome == Outcome::kSuccess && (in_error || !tx.failure().ok())) {
+    // It says success, but a statement of its transaction failed: nothing may commit.
+    rollback();
+    auto released = store_.Release(options_.scope, key, acquired.token);
+    if (released && *released == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
+    const Status why =
+        !tx.failure().ok() ? tx.failure() : UnavailableError("the transaction is not usable");
+    return AbortedError("the handler returned success but its transaction failed (" +
+                        why.ToString() + "); nothing was committed and the key was released");
+  }
+
+  if (result.outcome == Outcome::kFailure) {
+    // Its writes go; the failure is then released or remembered like the plain receiver's.
+    rollback();
+    Result<WriteAnswer> written = WriteAnswer::kApplied;
+    if (options_.failure_policy == FailurePolicy::kRelease) {
+      written = store_.Release(options_.scope, key, acquired.token);
+      out.released = true;
+      if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
+    } else {
+      written = store_.Complete({options_.scope, key, acquired.token, Outcome::kFailure,
+                                 result.response, options_.failure_retention});
+      if (written && *written == WriteAnswer::kApplied && m != nullptr) {
+        m->complete_failure->Inc();
+      }
+    }
+    if (!written) {
+      if (m != nullptr) m->store_errors->Inc();
+      return StoreError(written.error(), "handler failed and its failure could not be stored");
+    }
+    if (*written == WriteAnswer::kLeaseLost) {
+      if (m != nullptr) m->lease_lost->Inc();
+      return AbortedError("handler failed and the lease on key was lost to a newer worker");
+    }
+    out.response = std::move(result.response);
+    return out;
+  }
+
+  // Success: complete the record inside the handler's transaction and commit, in one round
+  // trip. complete_in_transaction raises if the token is no longer the record's, which aborts
+  // the transaction, so the COMMIT behind it does not run.
+  Stopwatch csw;
+  const pg::Deadline deadline = pg::DeadlineIn(timeout);
+  pg::Params params;
+  params.Bytes(options_.scope);
+  params.Bytes(key);
+  params.Int8(pg::TokenParam(acquired.token));
+  params.Int2(0);
+  params.Bytes(result.response);
+  params.Int8(pg::Millis(store.clock().Now()));
+  params.Int8(pg::Millis(options_.retention));
+  pg::Params none;
+  const auto unknown = [&](const Status& s) -> Result<Delivered> {
+    // The commit may or may not have happened: fail closed. If it did, a retry replays; if not,
+    // a retry takes over after the lease and nothing was applied.
+    (void)conn->Fail("commit outcome unknown");
+    if (m != nullptr) m->store_errors->Inc();
+    return UnavailableError("handler ran but its transaction's commit could not be confirmed: " +
+                            s.ToString());
+  };
+  if (Status s = conn->SendPrepared(pg::kCompleteInTransaction, params); !s.ok()) return unknown(s);
+  if (Status s = conn->SendQuery("COMMIT", none); !s.ok()) return unknown(s);
+  if (Status s = conn->Sync(deadline); !s.ok()) return unknown(s);
+  auto completed = conn->NextStatement(deadline);
+  if (!completed) return unknown(completed.error());
+  auto committed = conn->NextStatement(deadline);
+  if (!committed) return unknown(committed.error());
+  if (Status s = conn->ReadSync(deadline); !s.ok() && !conn->Healthy()) return unknown(s);
+  if (m != nullptr) m->store_complete_seconds->ObserveDuration(csw.Elapsed());
+
+  const PGresult* done = completed->get();
+  if (PQresultStatus(done) != PGRES_TUPLES_OK) {
+    const bool lost = pg::SqlState(done) == pg::kLeaseLostState;
+    const Status why = pg::StatusOfResult(done, "completing the record");
+    if (!Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
+    if (lost) {
+      if (m != nullptr) m->lease_lost->Inc();
+      return AbortedError("handler ran but the lease on key was lost to a newer worker (attempt " +
+                          std::to_string(acquired.attempt) + "); its transaction was rolled back");
+    }
+    (void)store_.Release(options_.scope, key, acquired.token);
+    if (m != nullptr) m->store_errors->Inc();
+    return StoreError(why, "handler ran but its transaction was rolled back");
+  }
+  const PGresult* commit = committed->get();
+  if (PQresultStatus(commit) != PGRES_COMMAND_OK ||
+      std::string_view(PQcmdStatus(const_cast<PGresult*>(commit))) != "COMMIT") {
+    // The commit failed (a deferred constraint, a serialisation failure): rolled back.
+    const Status why = PQresultStatus(commit) == PGRES_COMMAND_OK
+                           ? AbortedError("the transaction was rolled back at commit")
+                           : pg::StatusOfResult(commit, "commit");
+    if (PQtransactionStatus(conn->get()) != PQTRANS_IDLE) {
+      if (!Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
+    }
+    (void)store_.Release(options_.scope, key, acquired.token);
+    if (m != nullptr) m->store_errors->Inc();
+    return AbortedError("handler ran but its transaction did not commit (" + why.ToString() +
+                        "); nothing was applied and the key was released");
+  }
+  if (m != nullptr) m->complete_success->Inc();
+  out.response = std::move(result.response);
+  return out;
+}
+
+}  // namespace idem

@@ -1,0 +1,294 @@
+// Transactional mode (SPEC §3, exactly-once effect): the handler's writes and the record's
+// completion commit together or not at all — through success, failure, a throw, a failed
+// statement, a lost lease and a kill -9 before the commit.
+#include <signal.h>
+
+#include <libpq-fe.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "idem/stores/postgres.h"
+#include "stores/postgres/testing.h"
+#include "stores/store_contract.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/process.h"
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+MATCHER(IsNone, "is empty") { return !arg.has_value(); }
+
+class TransactionalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto o = pg::testing::FreshStoreOptions();
+    ASSERT_TRUE(o.has_value()) << o.error().ToString();
+    options_ = *o;
+    options_.clock = &clock_;
+    auto store = OpenPostgresStore(options_);
+    ASSERT_TRUE(store.has_value()) << store.error().ToString();
+    store_ = std::move(*store);
+    ASSERT_TRUE(Sql("CREATE TABLE " + Effects() +
+                    " (key text PRIMARY KEY, attempt int NOT NULL, note text)"));
+  }
+
+  // The user's table, in the test's schema.
+  std::string Effects() const { return "\"" + options_.schema + "\".effects"; }
+
+  bool Sql(const std::string& sql) {
+    auto r = pg::testing::Sql(options_.conninfo, sql);
+    EXPECT_TRUE(r.has_value()) << r.error().ToString();
+    return r.has_value();
+  }
+  int EffectCount() {
+    auto v = pg::testing::SqlValue(options_.conninfo, "SELECT count(*) FROM " + Effects());
+    EXPECT_TRUE(v.has_value()) << v.error().ToString();
+    return v ? std::stoi(*v) : -1;
+  }
+
+  ReceiverOptions Options(ReceiverOptions o = {}) {
+    o.scope = "tx";
+    o.clock = &clock_;
+    return o;
+  }
+
+  // A handler that writes one effect row and answers `result`; counts its runs.
+  TransactionalHandler Writes(HandlerResult result) {
+    return [this, result](const HandlerContext& c, PgTransaction& tx) {
+      ++runs_;
+      auto w = tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, $2)",
+                       {c.key, std::to_string(c.attempt)});
+      EXPECT_TRUE(w.has_value()) << w.error().ToString();
+      return result;
+    };
+  }
+
+  testing::FakeClock clock_;
+  PostgresStoreOptions options_;
+  std::unique_ptr<Store> store_;
+  std::atomic<int> runs_{0};
+};
+
+TEST_F(TransactionalTest, SuccessCommitsTheEffectWithTheRecord) {
+  TransactionalReceiver receiver(*store_, Options());
+  const auto r = receiver.Receive({.key = "k"}, Writes({Outcome::kSuccess, "done"}));
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kExecuted);
+  EXPECT_EQ(r->response, "done");
+  EXPECT_EQ(r->attempt, 1u);
+  EXPECT_EQ(EffectCount(), 1);
+  EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(Optional(::testing::AllOf(
+                                          ::testing::Field(&Record::state, RecordState::kCompleted),
+                                          ::testing::Field(&Record::response, "done")))));
+
+  const auto again = receiver.Receive({.key = "k"}, Writes({Outcome::kSuccess, "again"}));
+  ASSERT_TRUE(again.has_value()) << again.error().ToString();
+  EXPECT_EQ(again->delivery, Delivery::kReplayed);
+  EXPECT_EQ(again->response, "done");
+  EXPECT_EQ(runs_.load(), 1);
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+TEST_F(TransactionalTest, FailureRollsBackTheEffectAndReleasesTheKey) {
+  TransactionalReceiver receiver(*store_, Options());
+  const auto r = receiver.Receive({.key = "k"}, Writes({Outcome::kFailure, "declined"}));
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kExecuted);
+  EXPECT_EQ(r->outcome, Outcome::kFailure);
+  EXPECT_TRUE(r->released);
+  EXPECT_EQ(EffectCount(), 0);
+  EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(IsNone()));
+
+  // The next delivery runs again, and this time its effect stays.
+  const auto retry = receiver.Receive({.key = "k"}, Writes({Outcome::kSuccess, "ok"}));
+  ASSERT_TRUE(retry.has_value()) << retry.error().ToString();
+  EXPECT_EQ(retry->delivery, Delivery::kExecuted);
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+TEST_F(TransactionalTest, ThrowingHandlerRollsBackTheEffect) {
+  TransactionalReceiver receiver(*store_, Options());
+  const auto r = receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    throw std::runtime_error("downstream exploded");
+    return HandlerResult{};
+  });
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->outcome, Outcome::kFailure);
+  EXPECT_THAT(r->response, HasSubstr("downstream exploded"));
+  EXPECT_TRUE(r->released);
+  EXPECT_EQ(EffectCount(), 0);
+  EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(IsNone()));
+}
+
+TEST_F(TransactionalTest, RememberedFailureIsStoredWithoutItsEffect) {
+  TransactionalReceiver receiver(*store_, Options({.failure_policy = FailurePolicy::kRemember}));
+  const auto r = receiver.Receive({.key = "k"}, Writes({Outcome::kFailure, "declined"}));
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_FALSE(r->released);
+  EXPECT_EQ(EffectCount(), 0);
+  const auto again = receiver.Receive({.key = "k"}, Writes({Outcome::kSuccess, "x"}));
+  ASSERT_TRUE(again.has_value()) << again.error().ToString();
+  EXPECT_EQ(again->delivery, Delivery::kReplayed);
+  EXPECT_EQ(again->outcome, Outcome::kFailure);
+  EXPECT_EQ(again->response, "declined");
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(TransactionalTest, FailedStatementWithSuccessCommitsNothing) {
+  TransactionalReceiver receiver(*store_, Options());
+  const auto r = receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    EXPECT_THAT(tx.Exec("INSERT INTO no_such_table VALUES (1)"),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("no_such_table")));
+    return HandlerResult{Outcome::kSuccess, "claims success"};
+  });
+  EXPECT_THAT(r, StatusIs(StatusCode::kAborted, HasSubstr("no_such_table")));
+  EXPECT_EQ(EffectCount(), 0);
+  EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(IsNone()));
+}
+
+TEST_F(TransactionalTest, LostLeaseRollsBackTheEffect) {
+  TransactionalReceiver receiver(*store_, Options({.lease = 10s}));
+  Acquired takeover;
+  const auto r = receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    // Too slow: the lease runs out and another worker takes the key over.
+    clock_.Advance(10s);
+    takeover = ExpectAcquired(store_->Begin({.scope = "tx", .key = "k"}));
+    EXPECT_EQ(takeover.attempt, 2u);
+    return HandlerResult{Outcome::kSuccess, "late"};
+  });
+  EXPECT_THAT(r, StatusIs(StatusCode::kAborted, HasSubstr("lease")));
+  EXPECT_EQ(EffectCount(), 0);
+  // The new worker still owns the key and completes it.
+  EXPECT_THAT(store_->Complete({.scope = "tx", .key = "k", .token = takeover.token}), IsApplied());
+}
+
+TEST_F(TransactionalTest, DuplicateWhileRunningIsBusyThenReplayed) {
+  TransactionalReceiver receiver(*store_, Options());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false, release = false;
+  std::thread first([&] {
+    const auto r = receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
+      EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+      std::unique_lock<std::mutex> lock(mu);
+      started = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return release; });
+      return HandlerResult{Outcome::kSuccess, "first"};
+    });
+    EXPECT_TRUE(r.has_value() && r->delivery == Delivery::kExecuted);
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started; });
+  }
+  // Answered at once, not blocked behind the first handler's transaction.
+  const auto busy = receiver.Receive({.key = "k"}, Writes({}));
+  ASSERT_TRUE(busy.has_value()) << busy.error().ToString();
+  EXPECT_EQ(busy->delivery, Delivery::kBusy);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  first.join();
+  const auto replay = receiver.Receive({.key = "k"}, Writes({}));
+  ASSERT_TRUE(replay.has_value()) << replay.error().ToString();
+  EXPECT_EQ(replay->delivery, Delivery::kReplayed);
+  EXPECT_EQ(replay->response, "first");
+  EXPECT_EQ(runs_.load(), 0);
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+TEST_F(TransactionalTest, OtherPayloadUnderTheKeyIsAConflict) {
+  TransactionalReceiver receiver(*store_, Options({.fingerprint = FingerprintMode::kBytes}));
+  ASSERT_TRUE(receiver.Receive({.key = "k", .payload = "pay 10"}, Writes({})).has_value());
+  const auto r = receiver.Receive({.key = "k", .payload = "pay 99"}, Writes({}));
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kConflict);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(TransactionalTest, HandlerMayUseTheConnectionItself) {
+  TransactionalReceiver receiver(*store_, Options());
+  const auto r = receiver.Receive({.key = "k"}, [this](const HandlerContext& c, PgTransaction& tx) {
+    const std::string key(c.key);
+    const char* values[] = {key.c_str()};
+    const std::string sql = "INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)";
+    PGresult* res =
+        PQexecParams(tx.connection(), sql.c_str(), 1, nullptr, values, nullptr, nullptr, 0);
+    EXPECT_EQ(PQresultStatus(res), PGRES_COMMAND_OK) << PQresultErrorMessage(res);
+    PQclear(res);
+    auto rows = tx.Exec("SELECT key, attempt, note FROM " + Effects());
+    EXPECT_TRUE(rows.has_value());
+    if (rows) {
+      EXPECT_THAT(rows->columns, ::testing::ElementsAre("key", "attempt", "note"));
+      EXPECT_THAT(rows->rows, ::testing::ElementsAre(::testing::ElementsAre(
+                                  Optional(std::string("k")), Optional(std::string("1")),
+                                  std::optional<std::string>())));
+    }
+    return HandlerResult{Outcome::kSuccess, "raw"};
+  });
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kExecuted);
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+// The proof of SPEC §3's exactly-once effect: a worker killed (-9) after its handler wrote and
+// before the commit leaves no effect; the key is taken over after the lease and its effect is
+// applied once.
+TEST_F(TransactionalTest, KilledBeforeCommitLeavesNoEffectAndTheKeyIsRetryable) {
+  const std::string url = options_.conninfo +
+                          (options_.conninfo.find('?') == std::string::npos ? "?" : "&") +
+                          "schema=" + options_.schema;
+  auto child = testing::ChildProcess::Spawn(IDEM_PG_CHILD_PATH, {url, "order-1", Effects()});
+  ASSERT_TRUE(child.has_value()) << child.error().ToString();
+  auto written = child->WaitForLine("written", 60s);
+  ASSERT_TRUE(written.has_value()) << written.error().ToString();
+  EXPECT_EQ(*written, "written attempt 1");
+  ASSERT_TRUE(child->Kill(SIGKILL).ok());
+  EXPECT_THAT(child->Wait(30s), HoldsValue(128 + SIGKILL));
+
+  // Nothing of the handler's: its write died with its transaction.
+  EXPECT_EQ(EffectCount(), 0);
+  EXPECT_THAT(store_->Get("tx", "order-1"),
+              HoldsValue(Optional(
+                  ::testing::AllOf(::testing::Field(&Record::state, RecordState::kInProgress),
+                                   ::testing::Field(&Record::attempt, 1u)))));
+
+  // A later delivery, once the child's 30 s lease is over (the child used the system clock).
+  clock_.Set(Clock::System().Now() + 31s);
+  TransactionalReceiver receiver(*store_, Options());
+  const auto r = receiver.Receive({.key = "order-1"}, Writes({Outcome::kSuccess, "paid"}));
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kExecuted);
+  EXPECT_EQ(r->attempt, 2u);
+  EXPECT_EQ(EffectCount(), 1);
+  EXPECT_EQ(
+      pg::testing::SqlValue(options_.conninfo, "SELECT attempt FROM " + Effects()).value_or(""),
+      "2");
+  const auto replay = receiver.Receive({.key = "order-1"}, Writes({}));
+  ASSERT_TRUE(replay.has_value()) << replay.error().ToString();
+  EXPECT_EQ(replay->delivery, Delivery::kReplayed);
+  EXPECT_EQ(replay->response, "paid");
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,129 @@
+// postgres:// store URLs: idem's own parameters are taken out, the rest is libpq's URI.
+#include <libpq-fe.h>
+
+#include <charconv>
+#include <string>
+#include <string_view>
+
+#include "idem/stores/postgres.h"
+#include "stores/postgres/schema.h"
+
+namespace idem {
+namespace {
+
+Status Bad(std::string_view what) {
+  return InvalidArgumentError("PostgreSQL store URL: " + std::string(what));
+}
+
+Result<std::uint64_t> ParseCount(std::string_view name, std::string_view text, std::uint64_t min,
+                                 std::uint64_t max) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
+    return Bad(std::string(name) + "=" + std::string(text) + " is not a whole number from " +
+               std::to_string(min) + " to " + std::to_string(max));
+  }
+  return v;
+}
+
+// "250ms", "5s", "2m", "1h", "7d" or plain milliseconds.
+Result<std::chrono::milliseconds> ParseDuration(std::string_view name, std::string_view text,
+                                                bool zero_ok) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const std::string_view unit = text.substr(digits);
+  std::int64_t scale = 0;
+  if (unit.empty() || unit == "ms") {
+    scale = 1;
+  } else if (unit == "s") {
+    scale = 1000;
+  } else if (unit == "m") {
+    scale = 60'000;
+  } else if (unit == "h") {
+    scale = 3'600'000;
+  } else if (unit == "d") {
+    scale = 86'400'000;
+  }
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, v);
+  const std::int64_t limit = 100LL * 366 * 86'400'000;  // as the core's duration checks
+  if (digits == 0 || scale == 0 || ec != std::errc() || end != text.data() + digits ||
+      v > limit / scale || (v == 0 && !zero_ok)) {
+    return Bad(std::string(name) + "=" + std::string(text) + " is not a " +
+               (zero_ok ? "" : "positive ") + "duration such as 500ms, 5s, 2m, 1h or 1d");
+  }
+  return std::chrono::milliseconds(v * scale);
+}
+
+}  // namespace
+
+Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
+  if (!url.starts_with("postgres://") && !url.starts_with("postgresql://")) {
+    return Bad("\"" + std::string(url.substr(0, url.find(':'))) +
+               ":\" is not postgres:// or postgresql://");
+  }
+  PostgresStoreOptions o;
+  const std::size_t question = url.find('?');
+  std::string conninfo(url.substr(0, question));
+  std::string rest;  // the parameters left for libpq
+  if (question != std::string_view::npos) {
+    std::string_view query = url.substr(question + 1);
+    while (!query.empty()) {
+      const std::size_t amp = query.find('&');
+      const std::string_view pair = query.substr(0, amp);
+      query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+      if (pair.empty()) continue;
+      const std::size_t eq = pair.find('=');
+      if (eq == std::string_view::npos)
+        return Bad("parameter \"" + std::string(pair) + "\" has no value");
+      const std::string_view name = pair.substr(0, eq);
+      const std::string_view value = pair.substr(eq + 1);
+      if (name == "schema") {
+        o.schema = std::string(value);
+      } else if (name == "pool_size") {
+        auto v = ParseCount(name, value, 1, 1024);
+        if (!v) return v.error();
+        o.pool_size = *v;
+      } else if (name == "max_transactions") {
+        auto v = ParseCount(name, value, 1, 4096);
+        if (!v) return v.error();
+        o.max_transactions = *v;
+      } else if (name == "max_key_bytes") {
+        auto v = ParseCount(name, value, 1, 65535);
+        if (!v) return v.error();
+        o.max_key_bytes = *v;
+      } else if (name == "reclaim_batch") {
+        auto v = ParseCount(name, value, 1, 1'000'000);
+        if (!v) return v.error();
+        o.reclaim_batch = *v;
+      } else if (name == "abandoned_retention" || name == "connect_timeout" ||
+                 name == "statement_timeout" || name == "reclaim_interval") {
+        auto v = ParseDuration(name, value, name == "reclaim_interval");
+        if (!v) return v.error();
+        if (name == "abandoned_retention") o.abandoned_retention = *v;
+        if (name == "connect_timeout") o.connect_timeout = *v;
+        if (name == "statement_timeout") o.statement_timeout = *v;
+        if (name == "reclaim_interval") o.reclaim_interval = *v;
+      } else {
+        rest += rest.empty() ? "" : "&";
+        rest += pair;
+      }
+    }
+  }
+  if (!rest.empty()) conninfo += "?" + rest;
+  if (Status s = pg::CheckSchemaName(o.schema); !s.ok()) return Bad(s.message());
+  // libpq has the last word on its own part (host, port, database, sslmode, ...).
+  char* error = nullptr;
+  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &error);
+  if (parsed == nullptr) {
+    std::string why = error != nullptr ? error : "libpq cannot parse it";
+    if (error != nullptr) PQfreemem(error);
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    return Bad(why);
+  }
+  PQconninfoFree(parsed);
+  o.conninfo = std::move(conninfo);
+  return o;
+}
+
+}  // namespace idem
