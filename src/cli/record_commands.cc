@@ -207,7 +207,7 @@ int RunStats(const Command& self, const Args& args) {
   "STORE_URL is log:DIR[?sync=always|none|interval:MS] (the log store in DIR, which must\n" \
   "already exist and must not be open in another process: stop its server first),\n"        \
   "redis://HOST:PORT[?OPTIONS] or redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS] (a Redis\n" \
-  "store; docs/redis.md lists the options),\n"                                               \
+  "store; docs/redis.md lists the options),\n"                                              \
   "postgres://USER@HOST:PORT/DB[?schema=NAME] (a PostgreSQL store whose schema\n"           \
   "'idem store init URL' created), or\n"                                                    \
   "memory: (a new, empty memory store; only useful for trying the tool out).\n"

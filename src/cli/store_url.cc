@@ -6,7 +6,8 @@ namespace idem {
 
 std::string_view SupportedStoreUrls() {
   return "log:PATH[?sync=always|none|interval:MS], memory:, redis://HOST:PORT[?OPTIONS], "
-         "redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS], postgres://USER@HOST:PORT/DB[?schema=NAME]";
+         "redis+cluster://HOST:PORT,HOST:PORT[?OPTIONS], "
+         "postgres://USER@HOST:PORT/DB[?schema=NAME]";
 }
 
 Result<StoreConfig> ParseStoreUrl(std::string_view url) {

@@ -79,18 +79,11 @@ class Fleet {
     ASSERT_TRUE(line.has_value()) << line.status().ToString();
     ledger_port_ = *ParseListeningPort(*line);
     for (int i = 0; i < gateways; ++i) {
-      std::vector<std::string> args = {"--listen",
-                                       "127.0.0.1:0",
-                                       "--admin",
-                                       "127.0.0.1:0",
-                                       "--upstream",
-                                       "http://127.0.0.1:" + std::to_string(ledger_port_),
-                                       "--store",
-                                       store_url,
-                                       "--threads",
-                                       "2",
-                                       "--log-level",
-                                       "error"};
+      std::vector<std::string> args = {
+          "--listen",    "127.0.0.1:0", "--admin",
+          "127.0.0.1:0", "--upstream",  "http://127.0.0.1:" + std::to_string(ledger_port_),
+          "--store",     store_url,     "--threads",
+          "2",           "--log-level", "error"};
       args.insert(args.end(), extra.begin(), extra.end());
       auto child = ChildProcess::Spawn(IDEMD_PATH, args);
       ASSERT_TRUE(child.has_value()) << child.status().ToString();
@@ -339,7 +332,8 @@ class Load {
         acked.push_back(key);
         successes_.fetch_add(1);
       } else if (r->status == 503) {
-        if (r->Header("Retry-After").empty()) problems_.push_back(key + ": 503 without Retry-After");
+        if (r->Header("Retry-After").empty())
+          problems_.push_back(key + ": 503 without Retry-After");
         acked.push_back(key);  // retry it later: it must run at most once
       } else if (r->status != 409) {
         problems_.push_back(key + ": status " + std::to_string(r->status) + " " + r->body);
@@ -406,8 +400,8 @@ TEST_F(FaultTest, RedisStopsMidLoadRequestsFailClosedAndServiceResumes) {
       RedisServer::Start(dir_ / "redis", *port, {"--appendonly", "yes", "--appendfsync", "always"});
   ASSERT_TRUE(redis.has_value()) << redis.status().ToString();
   Fleet fleet;
-  ASSERT_NO_FATAL_FAILURE(fleet.Start(
-      "redis://" + redis->address() + "?timeout_ms=500", 2, {"--store-threads", "2"}));
+  ASSERT_NO_FATAL_FAILURE(
+      fleet.Start("redis://" + redis->address() + "?timeout_ms=500", 2, {"--store-threads", "2"}));
   Load load(fleet.ports(), 6);
   ASSERT_TRUE(WaitFor(20s, [&] { return load.Successes() >= 100; }));
 
@@ -458,9 +452,9 @@ TEST_F(FaultTest, ClusterMasterFailoverResumesAndKeepsAcknowledgedKeys) {
   auto cluster = RedisCluster::Start(dir_ / "cluster", 3, 1);
   ASSERT_TRUE(cluster.has_value()) << cluster.status().ToString();
   Fleet fleet;
-  ASSERT_NO_FATAL_FAILURE(fleet.Start(
-      "redis+cluster://" + cluster->addresses() + "?wait_replicas=1&timeout_ms=1000", 2,
-      {"--store-threads", "2"}));
+  ASSERT_NO_FATAL_FAILURE(
+      fleet.Start("redis+cluster://" + cluster->addresses() + "?wait_replicas=1&timeout_ms=1000", 2,
+                  {"--store-threads", "2"}));
   Load load(fleet.ports(), 6);
   ASSERT_TRUE(WaitFor(20s, [&] { return load.Successes() >= 200; }));
 

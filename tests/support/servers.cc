@@ -38,8 +38,7 @@ bool PollUntil(std::chrono::milliseconds timeout, F ready) {
 
 // Runs `args` as the postgres user: setpriv execs in place, so the pid is the program's own.
 std::vector<std::string> AsPostgres(const std::string& program, std::vector<std::string> args) {
-  std::vector<std::string> out = {"--reuid=postgres", "--regid=postgres", "--init-groups",
-                                  program};
+  std::vector<std::string> out = {"--reuid=postgres", "--regid=postgres", "--init-groups", program};
   out.insert(out.end(), args.begin(), args.end());
   return out;
 }
@@ -132,10 +131,9 @@ Result<RedisServer> RedisServer::Start(std::filesystem::path dir, std::uint16_t 
 }
 
 Status RedisServer::Launch() {
-  std::vector<std::string> args = {"--port",     std::to_string(port_), "--bind",
-                                   "127.0.0.1",  "--dir",               dir_.string(),
-                                   "--save",     "",                    "--daemonize",
-                                   "no",         "--logfile",           ""};
+  std::vector<std::string> args = {
+      "--port", std::to_string(port_), "--bind", "127.0.0.1", "--dir", dir_.string(), "--save",
+      "",       "--daemonize",         "no",     "--logfile", ""};
   args.insert(args.end(), extra_.begin(), extra_.end());
   auto child = ChildProcess::Spawn(RedisServerPath(), args);
   if (!child) return child.status();
@@ -196,22 +194,19 @@ Result<RedisCluster> RedisCluster::Start(const std::filesystem::path& dir, int m
     auto port = FreeClusterPort();
     if (!port) return port.status();
     const auto node_dir = dir / ("node-" + std::to_string(*port));
-    std::vector<std::string> args = {"--cluster-enabled",
-                                     "yes",
-                                     "--cluster-config-file",
-                                     (node_dir / "nodes.conf").string(),
-                                     "--cluster-node-timeout",
-                                     std::to_string(node_timeout.count()),
-                                     "--repl-diskless-sync-delay",
-                                     "0"};
+    std::vector<std::string> args = {
+        "--cluster-enabled",          "yes",
+        "--cluster-config-file",      (node_dir / "nodes.conf").string(),
+        "--cluster-node-timeout",     std::to_string(node_timeout.count()),
+        "--repl-diskless-sync-delay", "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto node = RedisServer::Start(node_dir, *port, args);
     if (!node) return node.status();
     create.push_back(node->address());
     c.nodes_.push_back(std::move(*node));
   }
-  create.insert(create.end(), {"--cluster-replicas", std::to_string(replicas_per_master),
-                               "--cluster-yes"});
+  create.insert(create.end(),
+                {"--cluster-replicas", std::to_string(replicas_per_master), "--cluster-yes"});
   auto made = RunToEnd(kRedisCli, create, 60s);
   if (!made) return made.status();
   if (made->first != 0) return UnavailableError("redis-cli --cluster create: " + made->second);
@@ -326,7 +321,8 @@ Result<PostgresServer> PostgresServer::Start(std::filesystem::path dir, std::uin
   std::filesystem::permissions(s.dir_.parent_path(), std::filesystem::perms::others_exec,
                                std::filesystem::perm_options::add, ec);
   const passwd* pw = ::getpwnam("postgres");
-  if (pw == nullptr) return FailedPreconditionError("no postgres user (apt-get install postgresql)");
+  if (pw == nullptr)
+    return FailedPreconditionError("no postgres user (apt-get install postgresql)");
   if (::chown(s.dir_.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
     return UnavailableError("chown postgres " + s.dir_.string());
   }
@@ -351,16 +347,9 @@ PostgresServer::~PostgresServer() {
 }
 
 Status PostgresServer::Launch() {
-  std::vector<std::string> args = {"-D",
-                                   (dir_ / "data").string(),
-                                   "-p",
-                                   std::to_string(port_),
-                                   "-k",
-                                   dir_.string(),
-                                   "-c",
-                                   "listen_addresses=127.0.0.1",
-                                   "-c",
-                                   "max_connections=200"};
+  std::vector<std::string> args = {
+      "-D", (dir_ / "data").string(),     "-p", std::to_string(port_), "-k", dir_.string(),
+      "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"};
   if (fast_) args.insert(args.end(), {"-c", "fsync=off", "-c", "synchronous_commit=off"});
   auto child = ChildProcess::Spawn("/usr/bin/setpriv", AsPostgres(PgBin() + "/postgres", args));
   if (!child) return child.status();

@@ -72,10 +72,10 @@ class RedisServer {
 // created with redis-cli --cluster create and ready (cluster_state:ok on every node).
 class RedisCluster {
  public:
-  static Result<RedisCluster> Start(const std::filesystem::path& dir, int masters,
-                                    int replicas_per_master,
-                                    std::chrono::milliseconds node_timeout = std::chrono::seconds(2),
-                                    std::vector<std::string> extra = {});
+  static Result<RedisCluster> Start(
+      const std::filesystem::path& dir, int masters, int replicas_per_master,
+      std::chrono::milliseconds node_timeout = std::chrono::seconds(2),
+      std::vector<std::string> extra = {});
 
   std::vector<RedisServer>& nodes() { return nodes_; }
   // "127.0.0.1:P1,127.0.0.1:P2,..." for a redis+cluster:// URL.
