@@ -61,9 +61,18 @@ wait_redis() { # port
   return 1
 }
 
+port_in_use() { # port -> 0 if something listens on 127.0.0.1:port
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
 start_redis() { # port [extra redis-server args...]
   local port=$1
   shift
+  if port_in_use "$port"; then
+    echo "servers.sh: port $port is in use (another run's servers?); set IDEM_REDIS_PORT /" \
+      "IDEM_CLUSTER_BASE or stop them with scripts/servers.sh stop DIR" >&2
+    return 1
+  fi
   mkdir -p "$dir/redis-$port"
   "$redis_server" --port "$port" --bind 127.0.0.1 --dir "$dir/redis-$port" \
     --save '' --appendonly no --daemonize no --logfile "$dir/redis-$port.log" "$@" &
@@ -109,6 +118,10 @@ start() {
   cluster_list=$(IFS=,; echo "${nodes[*]}")
 
   # PostgreSQL, as the postgres user, in a directory it owns.
+  if port_in_use "$pg_port"; then
+    echo "servers.sh: port $pg_port is in use; set IDEM_PG_PORT" >&2
+    return 1
+  fi
   mkdir -p "$dir/pg"
   chown postgres "$dir/pg"
   runuser -u postgres -- "$pg_bin/initdb" -D "$dir/pg/data" -A trust -U postgres \
