@@ -117,6 +117,11 @@ struct Delivered {
   bool released = false;                // kExecuted with a failure under kRelease
 };
 
+// Counts one answer of Store::Begin in `metrics` (SPEC §7): its idem_begin_total answer (and a
+// lease takeover when attempt > 1), or a store error. Every caller of Begin that reports
+// metrics (the receiver, the transactional receiver, idemd) counts through this.
+void CountBegin(Metrics& metrics, const Result<BeginAnswer>& answer);
+
 class Receiver {
  public:
   Receiver(Store& store, ReceiverOptions options);

@@ -190,33 +190,37 @@ Result<Delivered> Receiver::Receive(const Message& message, const Handler& handl
   return result;
 }
 
+void CountBegin(Metrics& m, const Result<BeginAnswer>& answer) {
+  if (!answer) {
+    m.store_errors->Inc();
+    return;
+  }
+  std::visit(
+      [&](const auto& a) {
+        using T = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<T, Acquired>) {
+          m.begin_acquired->Inc();
+          if (a.attempt > 1) m.takeovers->Inc();
+        } else if constexpr (std::is_same_v<T, Busy>) {
+          m.begin_busy->Inc();
+        } else if constexpr (std::is_same_v<T, Replay>) {
+          m.begin_replay->Inc();
+        } else if constexpr (std::is_same_v<T, Conflict>) {
+          m.begin_conflict->Inc();
+        } else {
+          m.begin_stale->Inc();
+        }
+      },
+      *answer);
+}
+
 Result<BeginAnswer> Receiver::TimedBegin(const BeginRequest& req) {
   Stopwatch sw;
   auto answer = store_.Begin(req);
   Metrics* m = options_.metrics;
   if (m == nullptr) return answer;
   m->store_begin_seconds->ObserveDuration(sw.Elapsed());
-  if (!answer) {
-    m->store_errors->Inc();
-    return answer;
-  }
-  std::visit(
-      [&](const auto& a) {
-        using T = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<T, Acquired>) {
-          m->begin_acquired->Inc();
-          if (a.attempt > 1) m->takeovers->Inc();
-        } else if constexpr (std::is_same_v<T, Busy>) {
-          m->begin_busy->Inc();
-        } else if constexpr (std::is_same_v<T, Replay>) {
-          m->begin_replay->Inc();
-        } else if constexpr (std::is_same_v<T, Conflict>) {
-          m->begin_conflict->Inc();
-        } else {
-          m->begin_stale->Inc();
-        }
-      },
-      *answer);
+  CountBegin(*m, answer);
   return answer;
 }
 

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "gateway/rules.h"
+#include "idem/receiver.h"
 
 namespace idem::gateway {
 namespace {
@@ -691,20 +692,17 @@ struct Server::Impl {
       const auto t0 = SteadyClock::now();
       Result<BeginAnswer> answer = co_await StoreBegin(w, begin);
       metrics.store.store_begin_seconds->ObserveDuration(SteadyClock::now() - t0);
+      CountBegin(metrics.store, answer);
       if (!answer) {
-        metrics.store.store_errors->Inc();
         log.Write(Level::kWarn,
                   Cat("event=store_error op=begin error=\"", answer.error().ToString(), "\""));
         co_return Answer{Unavailable(req, "the idempotency store cannot be reached"),
                          Outcome::kStoreUnavailable};
       }
       if (auto* acquired = std::get_if<Acquired>(&*answer)) {
-        metrics.store.begin_acquired->Inc();
-        if (acquired->attempt > 1) metrics.store.takeovers->Inc();
         co_return co_await Forward(w, req, route, scope, key, *acquired);
       }
       if (auto* replay = std::get_if<Replay>(&*answer)) {
-        metrics.store.begin_replay->Inc();
         auto stored = DecodeStoredResponse(replay->response);
         if (!stored) {
           log.Write(Level::kError, Cat("event=stored_response_unreadable error=\"",
@@ -723,7 +721,6 @@ struct Server::Impl {
         co_return a;
       }
       if (std::holds_alternative<Busy>(*answer)) {
-        metrics.store.begin_busy->Inc();
         const auto now = SteadyClock::now();
         if (route.in_flight == InFlightPolicy::kWait && now + pause < deadline) {
           asio::steady_timer timer(w.io, pause);
@@ -734,10 +731,9 @@ struct Server::Impl {
         co_return Answer{MakeProblem(req, problems::InFlight(key)), Outcome::kInFlight};
       }
       if (std::holds_alternative<Conflict>(*answer)) {
-        metrics.store.begin_conflict->Inc();
         co_return Answer{MakeProblem(req, problems::KeyReuse(key)), Outcome::kKeyReuse};
       }
-      metrics.store.begin_stale->Inc();  // records have no versions: not reachable
+      // Stale: records have no versions, so not reachable.
       co_return Answer{Unavailable(req, "unexpected store answer"), Outcome::kStoreUnavailable};
     }
   }

@@ -126,22 +126,7 @@ Result<BeginAnswer> TransactionalReceiver::CountedBegin(const BeginRequest& req)
   Metrics* m = options_.metrics;
   if (m == nullptr) return answer;
   m->store_begin_seconds->ObserveDuration(sw.Elapsed());
-  if (!answer) {
-    m->store_errors->Inc();
-    return answer;
-  }
-  if (const auto* a = std::get_if<Acquired>(&*answer)) {
-    m->begin_acquired->Inc();
-    if (a->attempt > 1) m->takeovers->Inc();
-  } else if (std::holds_alternative<Busy>(*answer)) {
-    m->begin_busy->Inc();
-  } else if (std::holds_alternative<Replay>(*answer)) {
-    m->begin_replay->Inc();
-  } else if (std::holds_alternative<Conflict>(*answer)) {
-    m->begin_conflict->Inc();
-  } else {
-    m->begin_stale->Inc();
-  }
+  CountBegin(*m, answer);
   return answer;
 }
 
