@@ -12,6 +12,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "cli/store_url.h"
+#include "core/url_text.h"
 #include "idem/clock.h"
 #include "idem/record.h"
 #include "idem/store.h"
@@ -68,8 +69,8 @@ OpenedStore Open(const Command& self, std::string_view url) {
   }
   auto store = OpenStore(*config);
   if (!store) {
-    return {nullptr,
-            Failure(self, "cannot open " + std::string(url) + ": " + store.error().ToString())};
+    return {nullptr, Failure(self, "cannot open " + core::RedactUrlPassword(url) + ": " +
+                                       store.error().ToString())};
   }
   return {std::move(*store), kExitOk};
 }

@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "cli/store_url.h"
+#include "core/url_text.h"
 #include "gateway/config.h"
 #include "gateway/server.h"
 #include "idem/metrics.h"
@@ -50,7 +51,7 @@ int Run(int argc, char** argv) {
 
   auto store = idem::OpenStore(*store_config);
   if (!store) {
-    std::cerr << "idemd: cannot open the store '" << config.store
+    std::cerr << "idemd: cannot open the store '" << idem::core::RedactUrlPassword(config.store)
               << "': " << store.error().ToString() << "\n";
     return kExitRuntime;
   }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/machine.h"
+#include "core/url_text.h"
 #include "stores/redis/codec.h"
 #include "stores/redis/connection.h"
 #include "stores/redis/router.h"
@@ -887,7 +888,8 @@ class RedisStore final : public Store {
 // ---- URLs ----
 
 Status BadUrl(std::string_view url, std::string_view what) {
-  return InvalidArgumentError("store URL \"" + std::string(url) + "\": " + std::string(what));
+  return InvalidArgumentError("store URL \"" + core::RedactUrlPassword(url) +
+                              "\": " + std::string(what));
 }
 
 Result<long long> ParseNumber(std::string_view url, std::string_view name, std::string_view value,

@@ -1,0 +1,26 @@
+#include "core/url_text.h"
+
+#include <gtest/gtest.h>
+
+namespace idem::core {
+namespace {
+
+TEST(RedactUrlPasswordTest, HidesThePasswordOnly) {
+  EXPECT_EQ(RedactUrlPassword("postgres://app:s3cret@db:5432/x?schema=idem"),
+            "postgres://app:***@db:5432/x?schema=idem");
+  EXPECT_EQ(RedactUrlPassword("redis://:pw@127.0.0.1:6379"), "redis://:***@127.0.0.1:6379");
+  EXPECT_EQ(RedactUrlPassword("redis+cluster://u:p%40ss@h1:1,h2:2?prefix=a:"),
+            "redis+cluster://u:***@h1:1,h2:2?prefix=a:");
+  // An '@' inside the password: the user info ends at the last '@' of the authority.
+  EXPECT_EQ(RedactUrlPassword("postgres://u:a@b@db/x"), "postgres://u:***@db/x");
+}
+
+TEST(RedactUrlPasswordTest, LeavesUrlsWithoutAPasswordAlone) {
+  for (const char* url : {"postgres://app@db/x", "redis://127.0.0.1:6379", "log:/var/lib/idem",
+                          "memory:", "redis://h:1/0?prefix=user:pw@x", ""}) {
+    EXPECT_EQ(RedactUrlPassword(url), url);
+  }
+}
+
+}  // namespace
+}  // namespace idem::core
