@@ -322,6 +322,13 @@ Result<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {
   }
   CloseFd(pidfd);
   if (!exit_status_) return InternalError("lost track of pid " + std::to_string(pid_));
+  // The child is gone, but the reader thread may not have drained its last output yet: wait
+  // for end of file, so that Stdout() is complete once Wait returns. Bounded, since a
+  // grandchild may still hold the pipe open.
+  if (out_) {
+    std::unique_lock lock(out_->mu);
+    out_->cv.wait_for(lock, std::chrono::seconds(5), [this] { return out_->closed; });
+  }
   return *exit_status_;
 }
 

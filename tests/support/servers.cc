@@ -103,12 +103,7 @@ Result<std::pair<int, std::string>> RunToEnd(const std::string& path,
   if (!child) return child.status();
   auto code = child->Wait(timeout);
   if (!code) return UnavailableError(path + " did not finish in time; stderr: " + child->Stderr());
-  // The reader thread may still be draining the last bytes; it stops at EOF.
-  std::string out;
-  PollUntil(2s, [&] {
-    out = child->Stdout();
-    return true;
-  });
+  const std::string out = child->Stdout();  // complete: Wait waits for end of file
   if (*code != 0) {
     return std::pair<int, std::string>{*code, out + child->Stderr()};
   }
