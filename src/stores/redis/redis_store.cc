@@ -8,6 +8,8 @@
 #include <functional>
 #include <initializer_list>
 #include <set>
+#include <span>
+#include <string_view>
 #include <utility>
 
 #include "core/machine.h"
@@ -243,9 +245,22 @@ class RedisStore final : public Store {
       return RunManyBatch<BeginAnswer>(
           reqs, [this](const BeginRequest& r) { return core::CheckBegin(r, max_key_bytes_); },
           ScriptId::kBeginMany, WroteIfAnyAcquired,
-          [this](Command& c, std::int64_t now) { c.Arg(now).Arg(abandoned_); },
-          [](Command& c, const BeginRequest& r) {
-            c.Arg(r.lease.count()).Arg(FingerprintArg(r.fingerprint));
+          [this](Command& c, std::int64_t now, std::span<const BeginRequest* const> chunk, bool) {
+            // One lease for the whole call (the usual case) is sent once.
+            const bool same = std::all_of(chunk.begin(), chunk.end(), [&](const BeginRequest* r) {
+              return r->lease == chunk.front()->lease;
+            });
+            c.Arg(now).Arg(abandoned_);
+            if (same) {
+              c.Arg(chunk.front()->lease.count());
+            } else {
+              c.Arg(std::string_view());
+            }
+            return same;
+          },
+          [](Command& c, const BeginRequest& r, bool same) {
+            if (!same) c.Arg(r.lease.count());
+            c.Arg(FingerprintArg(r.fingerprint));
           },
           [](const redisReply& r) -> Result<BeginAnswer> {
             auto parsed = ParseBegin("begin", r);
@@ -265,12 +280,29 @@ class RedisStore final : public Store {
       return RunManyBatch<WriteAnswer>(
           reqs, [this](const CompleteRequest& r) { return core::CheckComplete(r, max_key_bytes_); },
           ScriptId::kCompleteMany, WroteIfAnyApplied,
-          [](Command& c, std::int64_t now) { c.Arg(now); },
-          [](Command& c, const CompleteRequest& r) {
-            c.UArg(r.token)
-                .Arg(std::int64_t{r.outcome == Outcome::kFailure ? 1 : 0})
-                .Arg(r.retention.count())
-                .Arg(r.response);
+          [](Command& c, std::int64_t now, std::span<const CompleteRequest* const> chunk,
+             bool distinct) {
+            // One outcome and retention for the whole call (the usual case) are sent once.
+            const bool same =
+                std::all_of(chunk.begin(), chunk.end(), [&](const CompleteRequest* r) {
+                  return r->outcome == chunk.front()->outcome &&
+                         r->retention == chunk.front()->retention;
+                });
+            c.Arg(now).Arg(distinct ? std::string_view("1") : std::string_view());
+            if (same) {
+              c.Arg(std::int64_t{chunk.front()->outcome == Outcome::kFailure ? 1 : 0})
+                  .Arg(chunk.front()->retention.count());
+            } else {
+              c.Arg(std::string_view()).Arg(std::string_view());
+            }
+            return same;
+          },
+          [](Command& c, const CompleteRequest& r, bool same) {
+            c.UArg(r.token);
+            if (!same) {
+              c.Arg(std::int64_t{r.outcome == Outcome::kFailure ? 1 : 0}).Arg(r.retention.count());
+            }
+            c.Arg(r.response);
           },
           [](const redisReply& r) -> Result<WriteAnswer> {
             auto parsed = ParseWrite("complete", r);
@@ -674,8 +706,9 @@ class RedisStore final : public Store {
   }
 
   // A batch on one node: the valid requests in chunks, each chunk one call of `script` with
-  // the chunk's keys, `head` arguments, then `each` request's arguments; `read` turns each
-  // element of the reply into an answer.
+  // the chunk's keys, the arguments `head` adds (given the chunk, and whether no key appears
+  // twice in it), then the arguments `each` adds for each request (given what `head`
+  // returned); `read` turns each element of the reply into an answer.
   template <typename Answer, typename Req, typename Check, typename Head, typename Each,
             typename Read>
   std::vector<Result<Answer>> RunManyBatch(std::span<const Req> reqs, Check check, ScriptId script,
@@ -694,19 +727,28 @@ class RedisStore final : public Store {
     const std::int64_t now = Now();
     const redis::Script& s = GetScript(script);
     std::vector<Request> requests;
+    std::vector<const Req*> part;
+    std::vector<std::string> keys;
+    std::vector<std::string_view> sorted;
     for (std::size_t at = 0; at < valid.size(); at += kChunk) {
       const std::size_t n = std::min(kChunk, valid.size() - at);
-      Command c;
-      c.Arg("EVALSHA").Arg(s.sha).UArg(n);
-      Request request;
+      part.clear();
+      keys.clear();
       for (std::size_t j = 0; j < n; ++j) {
         const Req& r = reqs[valid[at + j]];
-        std::string key = redis::RecordKey(prefix_, r.scope, r.key);
-        c.Arg(key);
-        if (j == 0) request.key = std::move(key);
+        part.push_back(&r);
+        keys.push_back(redis::RecordKey(prefix_, r.scope, r.key));
       }
-      head(c, now);
-      for (std::size_t j = 0; j < n; ++j) each(c, reqs[valid[at + j]]);
+      sorted.assign(keys.begin(), keys.end());
+      std::sort(sorted.begin(), sorted.end());
+      const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      Command c;
+      c.Arg("EVALSHA").Arg(s.sha).UArg(n);
+      for (const std::string& key : keys) c.Arg(key);
+      const auto mode = head(c, now, std::span<const Req* const>(part), distinct);
+      for (const Req* r : part) each(c, *r, mode);
+      Request request;
+      request.key = std::move(keys.front());
       c.AppendTo(request.command);
       request.wrote = wrote;
       request.script = &s;
