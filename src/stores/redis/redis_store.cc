@@ -60,10 +60,12 @@ bool WroteIfPositive(const redisReply& r) { return r.type == REDIS_REPLY_INTEGER
 bool WroteIfSessionInfo(const redisReply& r) {
   return r.type == REDIS_REPLY_ARRAY && r.elements == 4;
 }
+// A batch's answers: {0, token, ...} or, for a key acquired with the call's one lease, just 0.
 bool WroteIfAnyAcquired(const redisReply& r) {
   if (r.type != REDIS_REPLY_ARRAY) return false;
   for (std::size_t i = 0; i < r.elements; ++i) {
-    if (WroteIfAcquired(*r.element[i])) return true;
+    const redisReply& e = *r.element[i];
+    if (WroteIfAcquired(e) || (e.type == REDIS_REPLY_INTEGER && e.integer == 0)) return true;
   }
   return false;
 }
@@ -244,7 +246,7 @@ class RedisStore final : public Store {
       // One node: a script call per chunk of the batch, not per key.
       return RunManyBatch<BeginAnswer>(
           reqs, [this](const BeginRequest& r) { return core::CheckBegin(r, max_key_bytes_); },
-          ScriptId::kBeginMany, WroteIfAnyAcquired,
+          ScriptId::kBeginMany, WroteIfAnyAcquired, 2,
           [this](Command& c, std::int64_t now, std::span<const BeginRequest* const> chunk, bool) {
             // One lease for the whole call (the usual case) is sent once.
             const bool same = std::all_of(chunk.begin(), chunk.end(), [&](const BeginRequest* r) {
@@ -262,7 +264,15 @@ class RedisStore final : public Store {
             if (!same) c.Arg(r.lease.count());
             c.Arg(FingerprintArg(r.fingerprint));
           },
-          [](const redisReply& r) -> Result<BeginAnswer> {
+          [](const redisReply& all, std::size_t j, std::size_t n) -> Result<BeginAnswer> {
+            const redisReply& r = *all.element[j];
+            // 0: acquired a new key with the call's one lease; the token and lease deadline
+            // are the two elements after the answers.
+            if (IsInt(&r) && r.integer == 0 && all.elements == n + 2 && IsInt(all.element[n]) &&
+                IsInt(all.element[n + 1]) && all.element[n]->integer > 0) {
+              return BeginAnswer(Acquired{static_cast<Token>(all.element[n]->integer), 1,
+                                          At(all.element[n + 1]->integer)});
+            }
             auto parsed = ParseBegin("begin", r);
             if (!parsed.has_value()) return parsed.error();
             if (!parsed->has_value()) return Unexpected("begin", r);
@@ -279,7 +289,7 @@ class RedisStore final : public Store {
     if (!router_->cluster()) {
       return RunManyBatch<WriteAnswer>(
           reqs, [this](const CompleteRequest& r) { return core::CheckComplete(r, max_key_bytes_); },
-          ScriptId::kCompleteMany, WroteIfAnyApplied,
+          ScriptId::kCompleteMany, WroteIfAnyApplied, 0,
           [](Command& c, std::int64_t now, std::span<const CompleteRequest* const> chunk,
              bool distinct) {
             // One outcome and retention for the whole call (the usual case) are sent once.
@@ -304,7 +314,8 @@ class RedisStore final : public Store {
             }
             c.Arg(r.response);
           },
-          [](const redisReply& r) -> Result<WriteAnswer> {
+          [](const redisReply& all, std::size_t j, std::size_t) -> Result<WriteAnswer> {
+            const redisReply& r = *all.element[j];
             auto parsed = ParseWrite("complete", r);
             if (!parsed.has_value()) return parsed.error();
             if (!parsed->has_value()) return Unexpected("complete", r);
@@ -708,11 +719,13 @@ class RedisStore final : public Store {
   // A batch on one node: the valid requests in chunks, each chunk one call of `script` with
   // the chunk's keys, the arguments `head` adds (given the chunk, and whether no key appears
   // twice in it), then the arguments `each` adds for each request (given what `head`
-  // returned); `read` turns each element of the reply into an answer.
+  // returned). The reply has an element for each request, and may have `extra` more after
+  // them; `read(reply, j, n)` turns element j of a reply for n requests into an answer.
   template <typename Answer, typename Req, typename Check, typename Head, typename Each,
             typename Read>
   std::vector<Result<Answer>> RunManyBatch(std::span<const Req> reqs, Check check, ScriptId script,
-                                           redis::Wrote wrote, Head head, Each each, Read read) {
+                                           redis::Wrote wrote, std::size_t extra, Head head,
+                                           Each each, Read read) {
     constexpr std::size_t kChunk = 256;  // keeps each script call short
     std::vector<std::optional<Result<Answer>>> answers(reqs.size());
     std::vector<std::size_t> valid;
@@ -764,14 +777,15 @@ class RedisStore final : public Store {
         failed = reply.error();
       } else if ((*reply)->type == REDIS_REPLY_ERROR) {
         failed = Refused("batch", **reply);
-      } else if ((*reply)->type != REDIS_REPLY_ARRAY || (*reply)->elements != n) {
+      } else if ((*reply)->type != REDIS_REPLY_ARRAY ||
+                 ((*reply)->elements != n && (*reply)->elements != n + extra)) {
         failed = Unexpected("batch", **reply);
       }
       for (std::size_t j = 0; j < n; ++j) {
         if (!failed.ok()) {
           answers[valid[first + j]].emplace(failed);
         } else {
-          answers[valid[first + j]].emplace(read(*(*reply)->element[j]));
+          answers[valid[first + j]].emplace(read(**reply, j, n));
         }
       }
     }

@@ -247,7 +247,9 @@ end
 // pass, one SET each; keys that hold something are decided in a second pass, in batch order,
 // each on a fresh read (an earlier entry of the batch may have changed it). With one lease the
 // value and expiry of a new key are the same for every key without a fingerprint, and so is
-// the answer: made once, not once a key (Redis's CPU is what a batch is short of).
+// the answer: made once, not once a key (Redis's CPU is what a batch is short of). Then a key
+// acquired in the first pass answers just 0, and the token and lease deadline follow the
+// answers, once.
 constexpr std::string_view kBeginManyFast = R"lua(
 local abandoned, ulease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('TIME')
@@ -258,7 +260,6 @@ if ulease then
   local px = string.format('%.0f', ulease + abandoned + 10000)
   local plain = struct.pack('<BI7I4i6i6i6', 128, tok, 1, now, deadline + abandoned, deadline)
   local withfp = struct.pack('<BI7I4i6i6i6', 132, tok, 1, now, deadline + abandoned, deadline)
-  local acquired = {0, tok, 1, deadline}
   for i = 1, #KEYS do
     local fp, v = ARGV[3 + i], nil
     if fp == '' then
@@ -269,9 +270,11 @@ if ulease then
     if v then
       slow[#slow + 1] = i
     else
-      out[i] = acquired
+      out[i] = 0
     end
   end
+  out[#KEYS + 1] = tok
+  out[#KEYS + 2] = deadline
 else
   for i = 1, #KEYS do
     local deadline, fp = now + tonumber(ARGV[2 * i + 2]), ARGV[2 * i + 3]
