@@ -645,6 +645,49 @@ TEST_P(StoreContractTest, BeginBatchWithDuplicateKeyAcquiresOnce) {
   ExpectStored("f", Held("f", f, t0, kFpA));
 }
 
+// The same lease for every request (a store may send it once): new keys with and without a
+// fingerprint, a duplicate, a takeover and keys that hold something.
+TEST_P(StoreContractTest, BeginBatchWithOneLeaseAnswersEachRequestInOrder) {
+  const Timestamp t0 = clock_.Now();
+  const Acquired busy = Acquire("busy", kFpA);
+  const Acquired replay = Acquire("replay");
+  Finish("replay", replay.token, "stored");
+  const Acquired conflict = Acquire("conflict", kFpA);
+  Finish("conflict", conflict.token, "a");
+  const Acquired lapsed = Acquire("lapsed", std::nullopt, 500ms);
+  clock_.Advance(1s);
+  const Timestamp t1 = clock_.Now();
+
+  const std::vector<BeginRequest> reqs = {
+      BeginOf("new1", kFpA),     BeginOf("busy", kFpA), BeginOf("new2"),   BeginOf("replay"),
+      BeginOf("conflict", kFpB), BeginOf("new2"),       BeginOf("lapsed"), BeginOf("new3", kFpB),
+  };
+  const std::vector<Result<BeginAnswer>> got = store_->BeginBatch(reqs);
+  ASSERT_THAT(got, SizeIs(reqs.size()));
+
+  const Acquired new1 = ExpectAcquired(got[0]);
+  EXPECT_EQ(new1.attempt, 1u);
+  EXPECT_THAT(new1.lease_deadline, At(t1 + kLease));
+  EXPECT_THAT(ExpectBusy(got[1]).lease_deadline, At(t0 + kLease));
+  const Acquired new2 = ExpectAcquired(got[2]);
+  EXPECT_THAT(ExpectReplay(got[3]), ReplayIs(Replay{Outcome::kSuccess, "stored", 1}));
+  ExpectConflict(got[4]);
+  EXPECT_THAT(ExpectBusy(got[5]).lease_deadline, At(t1 + kLease));
+  const Acquired takeover = ExpectAcquired(got[6]);
+  EXPECT_EQ(takeover.attempt, 2u);
+  EXPECT_GT(takeover.token, lapsed.token);
+  EXPECT_THAT(takeover.lease_deadline, At(t1 + kLease));
+  const Acquired new3 = ExpectAcquired(got[7]);
+
+  ExpectStored("new1", Held("new1", new1, t1, kFpA));
+  ExpectStored("busy", Held("busy", busy, t0, kFpA));
+  ExpectStored("new2", Held("new2", new2, t1));
+  ExpectStored("replay", Completed(Held("replay", replay, t0), t0, "stored"));
+  ExpectStored("conflict", Completed(Held("conflict", conflict, t0, kFpA), t0, "a"));
+  ExpectStored("lapsed", Held("lapsed", takeover, t0));
+  ExpectStored("new3", Held("new3", new3, t1, kFpB));
+}
+
 TEST_P(StoreContractTest, CompleteBatchAnswersEachRequestInOrder) {
   const Timestamp t0 = clock_.Now();
   const Acquired a = Acquire("a");
@@ -675,6 +718,54 @@ TEST_P(StoreContractTest, CompleteBatchAnswersEachRequestInOrder) {
   ExpectStored("b", Held("b", b, t0));
   ExpectAbsent("absent");
   ExpectStored("c", Completed(Held("c", c, t0), t1, "C", Outcome::kFailure, 1min));
+}
+
+// Distinct keys, one outcome and retention (a store may read them all at once and send the
+// outcome and retention once): with and without a response or a fingerprint, a wrong token, a
+// key that is absent, one already completed, one whose lease has run out.
+TEST_P(StoreContractTest, CompleteBatchOfDistinctKeysAnswersEachRequestInOrder) {
+  const Timestamp t0 = clock_.Now();
+  const Acquired a = Acquire("a");
+  const Acquired b = Acquire("b");
+  const Acquired e = Acquire("e");
+  const Acquired f = Acquire("f", kFpA);
+  const Acquired done = Acquire("done");
+  Finish("done", done.token, "D");
+  const Acquired late = Acquire("late", std::nullopt, 500ms);
+  const Acquired taken = Acquire("taken", std::nullopt, 500ms);
+  clock_.Advance(1s);
+  const Timestamp t1 = clock_.Now();
+  const Acquired taker = Acquire("taken");
+
+  const std::vector<CompleteRequest> reqs = {
+      CompleteOf("a", a.token, "A", Outcome::kFailure, 1min),
+      CompleteOf("b", b.token + 1, "thief", Outcome::kFailure, 1min),
+      CompleteOf("absent", 1, "x", Outcome::kFailure, 1min),
+      CompleteOf("e", e.token, "", Outcome::kFailure, 1min),
+      CompleteOf("f", f.token, "F", Outcome::kFailure, 1min),
+      CompleteOf("done", done.token, "again", Outcome::kFailure, 1min),
+      CompleteOf("late", late.token, "L", Outcome::kFailure, 1min),
+      CompleteOf("taken", taken.token, "T", Outcome::kFailure, 1min),
+  };
+  const std::vector<Result<WriteAnswer>> got = store_->CompleteBatch(reqs);
+  ASSERT_THAT(got, SizeIs(reqs.size()));
+  EXPECT_THAT(got[0], IsApplied());
+  EXPECT_THAT(got[1], IsLeaseLost());
+  EXPECT_THAT(got[2], IsLeaseLost());
+  EXPECT_THAT(got[3], IsApplied());
+  EXPECT_THAT(got[4], IsApplied());
+  EXPECT_THAT(got[5], IsLeaseLost());
+  EXPECT_THAT(got[6], IsApplied());  // the lease ran out, but no one took over
+  EXPECT_THAT(got[7], IsLeaseLost());
+
+  ExpectStored("a", Completed(Held("a", a, t0), t1, "A", Outcome::kFailure, 1min));
+  ExpectStored("b", Held("b", b, t0));
+  ExpectAbsent("absent");
+  ExpectStored("e", Completed(Held("e", e, t0), t1, "", Outcome::kFailure, 1min));
+  ExpectStored("f", Completed(Held("f", f, t0, kFpA), t1, "F", Outcome::kFailure, 1min));
+  ExpectStored("done", Completed(Held("done", done, t0), t0, "D"));
+  ExpectStored("late", Completed(Held("late", late, t0), t1, "L", Outcome::kFailure, 1min));
+  ExpectStored("taken", Held("taken", taker, t0));  // a takeover keeps the creation time
 }
 
 TEST_P(StoreContractTest, CompleteBatchWithDuplicateKeyAppliesOnce) {

@@ -210,6 +210,12 @@ TEST(RedisWaitTest, AnswersOnlyOnceReplicasHaveTheWrite) {
   auto lonely = store->Begin(BeginRequest{.scope = "s", .key = "k"});
   EXPECT_EQ(lonely.status().code(), StatusCode::kUnavailable) << Show(lonely);
   EXPECT_THAT(lonely.status().message(), HasSubstr("0 of the 1 replicas"));
+  // The same for a batch of new keys (on one node each answers a bare 0 inside the reply).
+  const std::vector<BeginRequest> batch = {BeginRequest{.scope = "s", .key = "b1"},
+                                           BeginRequest{.scope = "s", .key = "b2"}};
+  for (const Result<BeginAnswer>& got : store->BeginBatch(batch)) {
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << Show(got);
+  }
   // Reads need no replica.
   EXPECT_TRUE(store->Get("s", "k").has_value());
 

@@ -8,6 +8,8 @@
 #include <functional>
 #include <initializer_list>
 #include <set>
+#include <span>
+#include <string_view>
 #include <utility>
 
 #include "core/machine.h"
@@ -59,10 +61,12 @@ bool WroteIfPositive(const redisReply& r) { return r.type == REDIS_REPLY_INTEGER
 bool WroteIfSessionInfo(const redisReply& r) {
   return r.type == REDIS_REPLY_ARRAY && r.elements == 4;
 }
+// A batch's answers: {0, token, ...} or, for a key acquired with the call's one lease, just 0.
 bool WroteIfAnyAcquired(const redisReply& r) {
   if (r.type != REDIS_REPLY_ARRAY) return false;
   for (std::size_t i = 0; i < r.elements; ++i) {
-    if (WroteIfAcquired(*r.element[i])) return true;
+    const redisReply& e = *r.element[i];
+    if (WroteIfAcquired(e) || (e.type == REDIS_REPLY_INTEGER && e.integer == 0)) return true;
   }
   return false;
 }
@@ -243,12 +247,33 @@ class RedisStore final : public Store {
       // One node: a script call per chunk of the batch, not per key.
       return RunManyBatch<BeginAnswer>(
           reqs, [this](const BeginRequest& r) { return core::CheckBegin(r, max_key_bytes_); },
-          ScriptId::kBeginMany, WroteIfAnyAcquired,
-          [this](Command& c, std::int64_t now) { c.Arg(now).Arg(abandoned_); },
-          [](Command& c, const BeginRequest& r) {
-            c.Arg(r.lease.count()).Arg(FingerprintArg(r.fingerprint));
+          ScriptId::kBeginMany, WroteIfAnyAcquired, 2,
+          [this](Command& c, std::int64_t now, std::span<const BeginRequest* const> chunk, bool) {
+            // One lease for the whole call (the usual case) is sent once.
+            const bool same = std::all_of(chunk.begin(), chunk.end(), [&](const BeginRequest* r) {
+              return r->lease == chunk.front()->lease;
+            });
+            c.Arg(now).Arg(abandoned_);
+            if (same) {
+              c.Arg(chunk.front()->lease.count());
+            } else {
+              c.Arg(std::string_view());
+            }
+            return same;
           },
-          [](const redisReply& r) -> Result<BeginAnswer> {
+          [](Command& c, const BeginRequest& r, bool same) {
+            if (!same) c.Arg(r.lease.count());
+            c.Arg(FingerprintArg(r.fingerprint));
+          },
+          [](const redisReply& all, std::size_t j, std::size_t n) -> Result<BeginAnswer> {
+            const redisReply& r = *all.element[j];
+            // 0: acquired a new key with the call's one lease; the token and lease deadline
+            // are the two elements after the answers.
+            if (IsInt(&r) && r.integer == 0 && all.elements == n + 2 && IsInt(all.element[n]) &&
+                IsInt(all.element[n + 1]) && all.element[n]->integer > 0) {
+              return BeginAnswer(Acquired{static_cast<Token>(all.element[n]->integer), 1,
+                                          At(all.element[n + 1]->integer)});
+            }
             auto parsed = ParseBegin("begin", r);
             if (!parsed.has_value()) return parsed.error();
             if (!parsed->has_value()) return Unexpected("begin", r);
@@ -265,15 +290,33 @@ class RedisStore final : public Store {
     if (!router_->cluster()) {
       return RunManyBatch<WriteAnswer>(
           reqs, [this](const CompleteRequest& r) { return core::CheckComplete(r, max_key_bytes_); },
-          ScriptId::kCompleteMany, WroteIfAnyApplied,
-          [](Command& c, std::int64_t now) { c.Arg(now); },
-          [](Command& c, const CompleteRequest& r) {
-            c.UArg(r.token)
-                .Arg(std::int64_t{r.outcome == Outcome::kFailure ? 1 : 0})
-                .Arg(r.retention.count())
-                .Arg(r.response);
+          ScriptId::kCompleteMany, WroteIfAnyApplied, 0,
+          [](Command& c, std::int64_t now, std::span<const CompleteRequest* const> chunk,
+             bool distinct) {
+            // One outcome and retention for the whole call (the usual case) are sent once.
+            const bool same =
+                std::all_of(chunk.begin(), chunk.end(), [&](const CompleteRequest* r) {
+                  return r->outcome == chunk.front()->outcome &&
+                         r->retention == chunk.front()->retention;
+                });
+            c.Arg(now).Arg(distinct ? std::string_view("1") : std::string_view());
+            if (same) {
+              c.Arg(std::int64_t{chunk.front()->outcome == Outcome::kFailure ? 1 : 0})
+                  .Arg(chunk.front()->retention.count());
+            } else {
+              c.Arg(std::string_view()).Arg(std::string_view());
+            }
+            return same;
           },
-          [](const redisReply& r) -> Result<WriteAnswer> {
+          [](Command& c, const CompleteRequest& r, bool same) {
+            c.UArg(r.token);
+            if (!same) {
+              c.Arg(std::int64_t{r.outcome == Outcome::kFailure ? 1 : 0}).Arg(r.retention.count());
+            }
+            c.Arg(r.response);
+          },
+          [](const redisReply& all, std::size_t j, std::size_t) -> Result<WriteAnswer> {
+            const redisReply& r = *all.element[j];
             auto parsed = ParseWrite("complete", r);
             if (!parsed.has_value()) return parsed.error();
             if (!parsed->has_value()) return Unexpected("complete", r);
@@ -675,12 +718,15 @@ class RedisStore final : public Store {
   }
 
   // A batch on one node: the valid requests in chunks, each chunk one call of `script` with
-  // the chunk's keys, `head` arguments, then `each` request's arguments; `read` turns each
-  // element of the reply into an answer.
+  // the chunk's keys, the arguments `head` adds (given the chunk, and whether no key appears
+  // twice in it), then the arguments `each` adds for each request (given what `head`
+  // returned). The reply has an element for each request, and may have `extra` more after
+  // them; `read(reply, j, n)` turns element j of a reply for n requests into an answer.
   template <typename Answer, typename Req, typename Check, typename Head, typename Each,
             typename Read>
   std::vector<Result<Answer>> RunManyBatch(std::span<const Req> reqs, Check check, ScriptId script,
-                                           redis::Wrote wrote, Head head, Each each, Read read) {
+                                           redis::Wrote wrote, std::size_t extra, Head head,
+                                           Each each, Read read) {
     constexpr std::size_t kChunk = 256;  // keeps each script call short
     std::vector<std::optional<Result<Answer>>> answers(reqs.size());
     std::vector<std::size_t> valid;
@@ -695,19 +741,28 @@ class RedisStore final : public Store {
     const std::int64_t now = Now();
     const redis::Script& s = GetScript(script);
     std::vector<Request> requests;
+    std::vector<const Req*> part;
+    std::vector<std::string> keys;
+    std::vector<std::string_view> sorted;
     for (std::size_t at = 0; at < valid.size(); at += kChunk) {
       const std::size_t n = std::min(kChunk, valid.size() - at);
-      Command c;
-      c.Arg("EVALSHA").Arg(s.sha).UArg(n);
-      Request request;
+      part.clear();
+      keys.clear();
       for (std::size_t j = 0; j < n; ++j) {
         const Req& r = reqs[valid[at + j]];
-        std::string key = redis::RecordKey(prefix_, r.scope, r.key);
-        c.Arg(key);
-        if (j == 0) request.key = std::move(key);
+        part.push_back(&r);
+        keys.push_back(redis::RecordKey(prefix_, r.scope, r.key));
       }
-      head(c, now);
-      for (std::size_t j = 0; j < n; ++j) each(c, reqs[valid[at + j]]);
+      sorted.assign(keys.begin(), keys.end());
+      std::sort(sorted.begin(), sorted.end());
+      const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      Command c;
+      c.Arg("EVALSHA").Arg(s.sha).UArg(n);
+      for (const std::string& key : keys) c.Arg(key);
+      const auto mode = head(c, now, std::span<const Req* const>(part), distinct);
+      for (const Req* r : part) each(c, *r, mode);
+      Request request;
+      request.key = std::move(keys.front());
       c.AppendTo(request.command);
       request.wrote = wrote;
       request.script = &s;
@@ -723,14 +778,15 @@ class RedisStore final : public Store {
         failed = reply.error();
       } else if ((*reply)->type == REDIS_REPLY_ERROR) {
         failed = Refused("batch", **reply);
-      } else if ((*reply)->type != REDIS_REPLY_ARRAY || (*reply)->elements != n) {
+      } else if ((*reply)->type != REDIS_REPLY_ARRAY ||
+                 ((*reply)->elements != n && (*reply)->elements != n + extra)) {
         failed = Unexpected("batch", **reply);
       }
       for (std::size_t j = 0; j < n; ++j) {
         if (!failed.ok()) {
           answers[valid[first + j]].emplace(failed);
         } else {
-          answers[valid[first + j]].emplace(read(*(*reply)->element[j]));
+          answers[valid[first + j]].emplace(read(**reply, j, n));
         }
       }
     }

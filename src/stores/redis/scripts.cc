@@ -241,45 +241,93 @@ if h == 132 or resp ~= '' or attempt > 8 then
 end
 )lua";
 
-// Batches on one node: KEYS are the records, ARGV now, abandoned retention, then lease and
-// fingerprint per key. One TIME for the batch. New keys are taken in the first pass; keys that
-// hold something are decided in a second pass, in batch order, each on a fresh read (an earlier
-// entry of the batch may have changed it).
+// Batches on one node: KEYS are the records, ARGV now, abandoned retention, the lease when
+// every key of the call has the same one ('' otherwise), then per key its fingerprint (same
+// lease) or its lease and fingerprint. One TIME for the batch. New keys are taken in the first
+// pass, one SET each; keys that hold something are decided in a second pass, in batch order,
+// each on a fresh read (an earlier entry of the batch may have changed it). With one lease the
+// value and expiry of a new key are the same for every key without a fingerprint, and so is
+// the answer: made once, not once a key (Redis's CPU is what a batch is short of). Then a key
+// acquired in the first pass answers just 0, and the token and lease deadline follow the
+// answers, once.
 constexpr std::string_view kBeginManyFast = R"lua(
-local abandoned = tonumber(ARGV[2])
+local abandoned, ulease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('TIME')
 local tok = t[1] * 1000000 + t[2]
 local out, slow = {}, {}
-for i = 1, #KEYS do
-  local deadline, fp = now + tonumber(ARGV[2 * i + 1]), ARGV[2 * i + 2]
-  local h = 128
-  if fp ~= '' then h = 132 end
-  local v = redis.call('SET', KEYS[i],
-                       struct.pack('<BI7I4i6i6i6', h, tok, 1, now, deadline + abandoned, deadline) ..
-                         fp,
-                       'NX', 'PX', string.format('%.0f', deadline + abandoned - now + 10000), 'GET')
-  if v then
-    slow[#slow + 1] = i
-  else
-    out[i] = {0, tok, 1, deadline}
+if ulease then
+  local deadline = now + ulease
+  local px = string.format('%.0f', ulease + abandoned + 10000)
+  local plain = struct.pack('<BI7I4i6i6i6', 128, tok, 1, now, deadline + abandoned, deadline)
+  local withfp = struct.pack('<BI7I4i6i6i6', 132, tok, 1, now, deadline + abandoned, deadline)
+  for i = 1, #KEYS do
+    local fp, v = ARGV[3 + i], nil
+    if fp == '' then
+      v = redis.call('SET', KEYS[i], plain, 'NX', 'PX', px, 'GET')
+    else
+      v = redis.call('SET', KEYS[i], withfp .. fp, 'NX', 'PX', px, 'GET')
+    end
+    if v then
+      slow[#slow + 1] = i
+    else
+      out[i] = 0
+    end
+  end
+  out[#KEYS + 1] = tok
+  out[#KEYS + 2] = deadline
+else
+  for i = 1, #KEYS do
+    local deadline, fp = now + tonumber(ARGV[2 * i + 2]), ARGV[2 * i + 3]
+    local h = 128
+    if fp ~= '' then h = 132 end
+    local v = redis.call('SET', KEYS[i],
+                         struct.pack('<BI7I4i6i6i6', h, tok, 1, now, deadline + abandoned,
+                                     deadline) .. fp,
+                         'NX', 'PX', string.format('%.0f', deadline + abandoned - now + 10000),
+                         'GET')
+    if v then
+      slow[#slow + 1] = i
+    else
+      out[i] = {0, tok, 1, deadline}
+    end
   end
 end
 if #slow == 0 then return out end
 )lua";
 
-// KEYS are the records, ARGV now, then token, outcome, retention, response per key.
+// KEYS are the records; ARGV now, '1' if no key appears twice in the call ('' otherwise), the
+// outcome and retention when every key of the call has the same ones ('' and '' otherwise),
+// then per key its token and response (same outcome and retention) or its token, outcome,
+// retention and response. Distinct keys are read with one MGET for the call rather than a GET
+// each (each redis.call costs Redis about as much again as the command); a key that appears
+// twice is read where its entry is, since an earlier entry may have completed it.
 constexpr std::string_view kCompleteManyFast = R"lua(
-local out, server = {}, nil
+local out, server, values = {}, nil, nil
+if ARGV[2] == '1' then values = redis.call('MGET', unpack(KEYS)) end
+local ukind, uretention = tonumber(ARGV[3]), tonumber(ARGV[4])
+local upx
+if ukind then
+  ukind = ukind + 1
+  upx = string.format('%.0f', uretention + 10000)
+end
 for i = 1, #KEYS do
-  local k, b = KEYS[i], 4 * i - 2
-  local v = redis.call('GET', k)
+  local k = KEYS[i]
+  local v
+  if values then v = values[i] else v = redis.call('GET', k) end
   out[i] = 1
   local h = v and string.byte(v, 1)
   if h == 128 or h == 132 then
+    local token, kind, retention, px, resp
+    if ukind then
+      token, kind, retention, px, resp = ARGV[2 * i + 3], ukind, uretention, upx, ARGV[2 * i + 4]
+    else
+      local b = 4 * i
+      token, kind, retention, resp =
+        ARGV[b + 1], 1 + tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
+    end
     local _, tok, attempt, created, expires, lease, j = struct.unpack('<BI7I4i6i6i6', v)
-    if now < expires and tok == tonumber(ARGV[b]) then
-      local kind, resp = 1 + tonumber(ARGV[b + 1]), ARGV[b + 3]
-      expires = now + tonumber(ARGV[b + 2])
+    if now < expires and tok == tonumber(token) then
+      expires = now + retention
       local n
       if h == 128 and resp == '' and attempt <= 8 then
         if not server then
@@ -300,7 +348,7 @@ for i = 1, #KEYS do
         local fp = ''
         if h == 132 then fp = string.sub(v, j, j + 31) end
         redis.call('SET', k, struct.pack('<BI7I4i6i6', h + kind, tok, attempt, created, expires) ..
-                               fp .. resp, 'PX', string.format('%.0f', expires - now + 10000))
+                               fp .. resp, 'PX', px or string.format('%.0f', retention + 10000))
       end
       out[i] = 0
     end
@@ -502,10 +550,14 @@ return 0
      kRecordWrite | kNeedsToken | kNeedsBeginDecision, R"lua(
 for _, i in ipairs(slow) do
   key = KEYS[i]
-  local fp = ARGV[2 * i + 2]
+  local lease, fp = ulease, nil
+  if lease then
+    fp = ARGV[3 + i]
+  else
+    lease, fp = tonumber(ARGV[2 * i + 2]), ARGV[2 * i + 3]
+  end
   if fp == '' then fp = nil end
-  local reply, taken = begin(redis.call('GET', key), key, tonumber(ARGV[2 * i + 1]), abandoned,
-                             fp, tok)
+  local reply, taken = begin(redis.call('GET', key), key, lease, abandoned, fp, tok)
   if taken then rput(taken) end
   out[i] = reply
 end
