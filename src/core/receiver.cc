@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/receiver_parts.h"
 #include "idem/fingerprint.h"
 
 namespace idem {
@@ -42,23 +43,43 @@ bool HeaderNameEquals(std::string_view a, std::string_view b) {
   });
 }
 
-// Store errors become kUnavailable (retry the call) unless they say the input is bad:
-// the receiver fails closed and never turns a store error into a guess.
+using core::Stopwatch;
+using core::StoreError;
+
+}  // namespace
+
+namespace core {
+
 Status StoreError(const Status& s, std::string_view what) {
   if (s.code() == StatusCode::kInvalidArgument) return s;
   return UnavailableError(std::string(what) + ": " + s.ToString());
 }
 
-class Stopwatch {
- public:
-  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
-  std::chrono::nanoseconds Elapsed() const { return std::chrono::steady_clock::now() - start_; }
+Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::string_view payload) {
+  switch (mode) {
+    case FingerprintMode::kNone:
+      return std::optional<Fingerprint>();
+    case FingerprintMode::kBytes:
+      return std::optional<Fingerprint>(FingerprintBytes(payload));
+    case FingerprintMode::kJson: {
+      auto fp = FingerprintJson(payload);
+      if (!fp) return Status(fp.error().code(), "payload: " + fp.error().message());
+      return std::optional<Fingerprint>(*fp);
+    }
+  }
+  return InternalError("unknown fingerprint mode");
+}
 
- private:
-  std::chrono::steady_clock::time_point start_;
-};
+Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics) {
+  Stopwatch sw;
+  auto answer = store.Begin(req);
+  if (metrics == nullptr) return answer;
+  metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
+  CountBegin(*metrics, answer);
+  return answer;
+}
 
-}  // namespace
+}  // namespace core
 
 // In-process executions of a key, for BusyPolicy::kCoalesce: the first caller runs, concurrent
 // duplicates wait for its result.
@@ -88,18 +109,7 @@ Receiver::Receiver(Store& store, ReceiverOptions options)
 Receiver::~Receiver() = default;
 
 Result<std::optional<Fingerprint>> Receiver::FingerprintOf(const Message& message) const {
-  switch (options_.fingerprint) {
-    case FingerprintMode::kNone:
-      return std::optional<Fingerprint>();
-    case FingerprintMode::kBytes:
-      return std::optional<Fingerprint>(FingerprintBytes(message.payload));
-    case FingerprintMode::kJson: {
-      auto fp = FingerprintJson(message.payload);
-      if (!fp) return Status(fp.error().code(), "payload: " + fp.error().message());
-      return std::optional<Fingerprint>(*fp);
-    }
-  }
-  return InternalError("unknown fingerprint mode");
+  return core::FingerprintFor(options_.fingerprint, message.payload);
 }
 
 Result<std::string> Receiver::KeyOf(const Message& message) const {
@@ -215,13 +225,7 @@ void CountBegin(Metrics& m, const Result<BeginAnswer>& answer) {
 }
 
 Result<BeginAnswer> Receiver::TimedBegin(const BeginRequest& req) {
-  Stopwatch sw;
-  auto answer = store_.Begin(req);
-  Metrics* m = options_.metrics;
-  if (m == nullptr) return answer;
-  m->store_begin_seconds->ObserveDuration(sw.Elapsed());
-  CountBegin(*m, answer);
-  return answer;
+  return core::TimedBegin(store_, req, options_.metrics);
 }
 
 Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint>& fp,

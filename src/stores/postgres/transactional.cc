@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "core/receiver_parts.h"
 #include "idem/fingerprint.h"
 #include "idem/stores/postgres.h"
 #include "stores/postgres/postgres_store.h"
@@ -16,35 +17,9 @@
 namespace idem {
 namespace {
 
-class Stopwatch {
- public:
-  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
-  std::chrono::nanoseconds Elapsed() const { return std::chrono::steady_clock::now() - start_; }
-
- private:
-  std::chrono::steady_clock::time_point start_;
-};
-
-// As the plain receiver: store errors fail closed (kUnavailable) unless the input is bad.
-Status StoreError(const Status& s, std::string_view what) {
-  if (s.code() == StatusCode::kInvalidArgument) return s;
-  return UnavailableError(std::string(what) + ": " + s.ToString());
-}
-
-Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::string_view payload) {
-  switch (mode) {
-    case FingerprintMode::kNone:
-      return std::optional<Fingerprint>();
-    case FingerprintMode::kBytes:
-      return std::optional<Fingerprint>(FingerprintBytes(payload));
-    case FingerprintMode::kJson: {
-      auto fp = FingerprintJson(payload);
-      if (!fp) return Status(fp.error().code(), "payload: " + fp.error().message());
-      return std::optional<Fingerprint>(*fp);
-    }
-  }
-  return InternalError("unknown fingerprint mode");
-}
+using core::FingerprintFor;
+using core::Stopwatch;
+using core::StoreError;
 
 Delivered Answered(const BeginAnswer& a, std::string key) {
   if (const auto* r = std::get_if<Replay>(&a)) {
@@ -121,13 +96,7 @@ TransactionalReceiver::TransactionalReceiver(Store& store, ReceiverOptions optio
 TransactionalReceiver::~TransactionalReceiver() = default;
 
 Result<BeginAnswer> TransactionalReceiver::CountedBegin(const BeginRequest& req) {
-  Stopwatch sw;
-  auto answer = store_.Begin(req);
-  Metrics* m = options_.metrics;
-  if (m == nullptr) return answer;
-  m->store_begin_seconds->ObserveDuration(sw.Elapsed());
-  CountBegin(*m, answer);
-  return answer;
+  return core::TimedBegin(store_, req, options_.metrics);
 }
 
 Result<Delivered> TransactionalReceiver::Receive(const Message& message,
