@@ -305,63 +305,61 @@ Result<WriteAnswer> PostgresStore::Extend(std::string_view scope, std::string_vi
   return AffectedAnswer(op);
 }
 
-std::vector<Result<BeginAnswer>> PostgresStore::BeginBatch(std::span<const BeginRequest> reqs) {
-  const Timestamp now = clock_->Now();
+namespace {
+
+// A batch as one group (one round trip, one commit): requests that fail `check` are answered
+// with their error and not sent; the others are filled into ops, run, and answered in order.
+template <typename Answer, typename Req, typename Check, typename Fill, typename Run,
+          typename Decide>
+std::vector<Result<Answer>> RunBatch(std::span<const Req> reqs, Check check, Fill fill, Run run,
+                                     Decide decide) {
   std::vector<Status> checks;
   checks.reserve(reqs.size());
   std::size_t valid = 0;
-  for (const BeginRequest& r : reqs) {
-    checks.push_back(core::CheckBegin(r, options_.max_key_bytes));
+  for (const Req& r : reqs) {
+    checks.push_back(check(r));
     if (checks.back().ok()) ++valid;
   }
-  // One group, so one round trip and one commit for the whole batch.
   std::unique_ptr<Op[]> ops(new Op[valid]);
   for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
-    if (checks[i].ok()) FillBegin(ops[k++], reqs[i], now, options_.abandoned_retention);
+    if (checks[i].ok()) fill(ops[k++], reqs[i]);
   }
-  Run({ops.get(), valid});
-  std::vector<Result<BeginAnswer>> out;
+  run(std::span<Op>(ops.get(), valid));
+  std::vector<Result<Answer>> out;
   out.reserve(reqs.size());
   for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
     if (!checks[i].ok()) {
       out.emplace_back(std::move(checks[i]));
-      continue;
-    }
-    auto row = OneRow(ops[k++]);
-    if (!row) {
-      out.emplace_back(row.error());
     } else {
-      out.push_back(BeginAnswerOf(*row));
+      out.push_back(decide(ops[k++]));
     }
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<Result<BeginAnswer>> PostgresStore::BeginBatch(std::span<const BeginRequest> reqs) {
+  const Timestamp now = clock_->Now();
+  return RunBatch<BeginAnswer>(
+      reqs, [&](const BeginRequest& r) { return core::CheckBegin(r, options_.max_key_bytes); },
+      [&](Op& op, const BeginRequest& r) { FillBegin(op, r, now, options_.abandoned_retention); },
+      [&](std::span<Op> ops) { Run(ops); },
+      [](Op& op) -> Result<BeginAnswer> {
+        auto row = OneRow(op);
+        if (!row) return row.error();
+        return BeginAnswerOf(*row);
+      });
+}
+
 std::vector<Result<WriteAnswer>> PostgresStore::CompleteBatch(
     std::span<const CompleteRequest> reqs) {
   const Timestamp now = clock_->Now();
-  std::vector<Status> checks;
-  checks.reserve(reqs.size());
-  std::size_t valid = 0;
-  for (const CompleteRequest& r : reqs) {
-    checks.push_back(core::CheckComplete(r, options_.max_key_bytes));
-    if (checks.back().ok()) ++valid;
-  }
-  std::unique_ptr<Op[]> ops(new Op[valid]);
-  for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
-    if (checks[i].ok()) FillComplete(ops[k++], reqs[i], now);
-  }
-  Run({ops.get(), valid});
-  std::vector<Result<WriteAnswer>> out;
-  out.reserve(reqs.size());
-  for (std::size_t i = 0, k = 0; i < reqs.size(); ++i) {
-    if (!checks[i].ok()) {
-      out.emplace_back(std::move(checks[i]));
-    } else {
-      out.push_back(AffectedAnswer(ops[k++]));
-    }
-  }
-  return out;
+  return RunBatch<WriteAnswer>(
+      reqs,
+      [&](const CompleteRequest& r) { return core::CheckComplete(r, options_.max_key_bytes); },
+      [&](Op& op, const CompleteRequest& r) { FillComplete(op, r, now); },
+      [&](std::span<Op> ops) { Run(ops); }, [](Op& op) { return AffectedAnswer(op); });
 }
 
 // ---- operator calls ----
