@@ -17,6 +17,8 @@ packages=(
   wrk nginx-light     # the gateway benchmark and its nginx peer
   libhiredis-dev redis-server redis-tools   # the Redis store (hiredis 0.14) and its tests
   libpq-dev postgresql-15 postgresql-client-15  # the PostgreSQL store (libpq 15), its tests, pgbench
+  librdkafka-dev      # the Kafka consumer (librdkafka 2.0, and its mock cluster for tests)
+  libnats-dev nats-server  # the NATS JetStream consumer (libnats 3.4) and its test server
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,204 @@
+// Consumer: the receiver in front of a message broker (Kafka, NATS JetStream, Redis Streams).
+// Brokers deliver at least once; the consumer turns their redeliveries into one execution of
+// the handler per key.
+//
+//   auto broker = idem::kafka::OpenConsumer({...});          // any idem::Broker
+//   idem::Consumer consumer(*store, **broker, handler, {.scope = "payments"});
+//   consumer.Run();                                          // until Stop()
+//
+// One round (RunOnce): poll a batch; take each message's key (poison messages -- no key, a key
+// that is not valid, a payload that does not parse when the key is in it -- go straight to the
+// dead-letter channel); one BeginBatch for the batch's keys; then, partition by partition and
+// in broker order, run the handler for the Acquired messages; one CompleteBatch; then
+// acknowledge every message that was settled. Replays are acknowledged without running the
+// handler; a key that appears twice in one batch is begun once.
+//
+// Order: messages of one partition are never reordered. A handler that fails with a retryable
+// error is retried in place (exponential backoff with jitter) up to max_attempts, then
+// dead-lettered; the partition waits meanwhile. A key another worker holds (Busy) is begun
+// again with backoff until busy_timeout (by default a little longer than the lease, so a dead
+// worker's key is taken over inside it); past it the message and the rest of its partition in
+// this batch are handed back to the broker (Broker::Redeliver) and the thread moves on.
+//
+// Failures: a store that cannot answer, a dead-letter publish that fails -> nothing of the
+// affected messages is acknowledged; they are handed back to the broker, and the consumer backs
+// off. A crash after a handler ran and before its completion was stored lets a later delivery run
+// it again after the lease with attempt > 1 (SPEC §3): pass the key downstream.
+//
+// Dead-lettering publishes the message with its original headers plus idem-dlq-reason,
+// idem-dlq-attempts, idem-dlq-error, idem-dlq-key and idem-dlq-source to the broker's DLQ, waits
+// for the broker's confirmation, then completes the key with a failure outcome and acknowledges.
+// A crash between the publish and the acknowledgement can publish it twice (the key header
+// lets a DLQ reader see that).
+#ifndef IDEM_CONSUMER_H_
+#define IDEM_CONSUMER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "idem/clock.h"
+#include "idem/key.h"
+#include "idem/metrics.h"
+#include "idem/receiver.h"
+#include "idem/record.h"
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem {
+
+// One message as the broker delivered it.
+struct BrokerMessage {
+  std::string partition{};  // order is kept within it: "topic/3", a subject, a stream
+  std::string position{};   // the broker's id of this delivery: offset, stream sequence, entry id
+  std::string payload{};
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::uint32_t deliveries = 1;  // how often the broker delivered it, when it knows (else 1)
+  std::uint64_t handle = 0;      // the broker adapter's own reference
+};
+
+// Why a message goes to the dead-letter channel.
+struct DeadLetterInfo {
+  std::string_view reason{};  // "no_key", "bad_key", "bad_payload", "conflict", "permanent",
+                              // "attempts_exhausted"
+  std::uint32_t attempts = 0;
+  std::string_view last_error{};
+  std::string_view key{};  // empty when the message had none
+};
+
+// Header (field) names added to a dead-lettered message.
+inline constexpr std::string_view kDlqReasonHeader = "idem-dlq-reason";
+inline constexpr std::string_view kDlqAttemptsHeader = "idem-dlq-attempts";
+inline constexpr std::string_view kDlqErrorHeader = "idem-dlq-error";
+inline constexpr std::string_view kDlqKeyHeader = "idem-dlq-key";
+inline constexpr std::string_view kDlqSourceHeader = "idem-dlq-source";  // partition@position
+
+// The original headers plus the idem-dlq-* ones, for adapters that publish a dead letter.
+std::vector<std::pair<std::string, std::string>> DeadLetterHeaders(const BrokerMessage& message,
+                                                                   const DeadLetterInfo& info);
+
+// A subscription on one broker, used by one consumer thread. Adapters: src/consumers/*.
+class Broker {
+ public:
+  virtual ~Broker() = default;
+  Broker() = default;
+  Broker(const Broker&) = delete;
+  Broker& operator=(const Broker&) = delete;
+
+  virtual std::string_view Name() const = 0;  // "kafka", "nats", "redis"
+
+  // Up to `max` messages, waiting at most `wait` for the first one; messages of one partition
+  // in broker order. An empty batch when nothing came. kUnavailable when the broker cannot be
+  // reached (the consumer backs off and polls again).
+  virtual Result<std::vector<BrokerMessage>> Poll(std::size_t max,
+                                                  std::chrono::milliseconds wait) = 0;
+
+  // The messages are settled: never deliver them again (Kafka: commit the offsets; JetStream:
+  // ack; Redis: XACK). All come from earlier Polls of this broker.
+  virtual Status Acknowledge(std::span<const BrokerMessage* const> messages) = 0;
+
+  // Hand the messages back unsettled: deliver them again, no sooner than `delay`, in their
+  // order, and never lose them across a crash. The consumer passes a message together with
+  // every later message of its partition from the same batch.
+  virtual Status Redeliver(std::span<const BrokerMessage* const> messages,
+                           std::chrono::milliseconds delay) = 0;
+
+  // Publishes the message to the dead-letter channel with DeadLetterHeaders(message, info) and
+  // returns once the broker confirmed it.
+  virtual Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) = 0;
+
+  // The handler of these messages is still working (a long retry): keep them from being
+  // redelivered to another consumer (JetStream: +WPI). Default: nothing to do.
+  virtual Status Touch(std::span<const BrokerMessage* const> messages);
+
+  // ok when the broker is reachable (for /readyz).
+  virtual Status Health() = 0;
+};
+
+enum class Verdict : std::uint8_t {
+  kSuccess,    // done: the key is completed with the response
+  kRetryable,  // try again (backoff), up to max_attempts, then dead-letter
+  kPermanent,  // dead-letter now
+};
+std::string_view VerdictName(Verdict v);  // "success", "retryable", "permanent"
+
+struct HandlerVerdict {
+  Verdict verdict = Verdict::kSuccess;
+  std::string detail{};  // the response for kSuccess, the error otherwise
+};
+
+// The handler gets the key, attempt and token (HandlerContext) and the whole message. A handler
+// that throws is a kRetryable failure with the exception's message.
+using MessageHandler = std::function<HandlerVerdict(const HandlerContext&, const BrokerMessage&)>;
+
+struct ConsumerOptions {
+  std::string name = "consumer";  // the `consumer` label of its metrics, and log lines
+  std::string scope{};            // store scope of the keys
+  KeySource key_source = KeySource::Header("Idempotency-Key");
+  FingerprintMode fingerprint = FingerprintMode::kNone;  // kJson: a reused key -> "conflict"
+  std::size_t max_key_bytes = kDefaultMaxKeyBytes;
+  std::size_t batch_size = 256;
+  std::chrono::milliseconds poll_wait{100};
+  std::chrono::milliseconds lease{30'000};
+  std::chrono::milliseconds retention{24 * 3600 * 1000};
+  std::chrono::milliseconds failure_retention{24 * 3600 * 1000};  // dead-lettered keys
+  std::uint32_t max_attempts = 5;  // handler runs per key (takeovers count) before the DLQ
+  std::chrono::milliseconds backoff{100};       // first retry delay; doubles each retry
+  std::chrono::milliseconds max_backoff{10'000};
+  double jitter = 0.5;  // each delay is scaled by a random factor in [1 - jitter, 1]
+  std::chrono::milliseconds busy_timeout{0};  // 0: lease + 1 s
+  Clock* clock = nullptr;         // nullptr: Clock::System()
+  Registry* registry = nullptr;   // nullptr: not counted
+  // Sleeps between retries; nullptr: std::this_thread::sleep_for, cut short by Stop().
+  std::function<void(std::chrono::milliseconds)> sleep{};
+};
+
+// What one consumer did since it started (also in its metrics).
+struct ConsumerCounts {
+  std::uint64_t received = 0;       // messages polled
+  std::uint64_t executed = 0;       // handler succeeded and the key was completed
+  std::uint64_t replayed = 0;       // duplicates settled without running the handler
+  std::uint64_t retries = 0;        // handler runs after a retryable failure
+  std::uint64_t dead_lettered = 0;  // published to the DLQ (poison included)
+  std::uint64_t poison = 0;         // of those, messages without a usable key or payload
+  std::uint64_t redelivered = 0;    // handed back to the broker unsettled
+  std::uint64_t store_errors = 0;
+  std::uint64_t broker_errors = 0;  // poll, acknowledge, dead-letter or redeliver failed
+};
+
+class Consumer {
+ public:
+  // The store, broker and registry must outlive the consumer.
+  Consumer(Store& store, Broker& broker, MessageHandler handler, ConsumerOptions options);
+  ~Consumer();
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  // One poll-process-acknowledge round; the number of messages polled, or the error that
+  // stopped the round (nothing unsettled was acknowledged).
+  Result<std::size_t> RunOnce();
+  // Rounds until Stop(); backs off after errors.
+  void Run();
+  // Ends Run() after its current message; safe from any thread.
+  void Stop();
+  bool stopping() const;
+
+  ConsumerCounts counts() const;
+  const ConsumerOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_CONSUMER_H_
