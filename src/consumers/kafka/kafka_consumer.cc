@@ -47,6 +47,8 @@ struct PartitionState {
   std::string name;  // "topic/N"
   // The next offset this consumer committed (-1: none yet). Commits only move forwards.
   std::int64_t committed = -1;
+  // The next offset Acknowledge wants committed; above `committed` while a commit failed.
+  std::int64_t pending = -1;
   // The first message handed back by Redeliver and not acknowledged since: commits stop there.
   std::optional<std::int64_t> hold;
   // How often each offset was handed back (offsets not yet committed).
@@ -117,6 +119,7 @@ class KafkaBroker final : public Broker {
   Status Take(rd_kafka_message_t* message, std::vector<BrokerMessage>& out);
   Status ResumeDue(SteadyClock::time_point now);
   Status Seek(const std::vector<std::pair<PartitionState*, std::int64_t>>& targets);
+  Status CommitPending();
   Status EnsureProducer();
   Status FatalStatus(rd_kafka_t* rk, std::string_view what);
 
@@ -133,7 +136,8 @@ class KafkaBroker final : public Broker {
   PartitionState* last_state_ = nullptr;
   bool rebalanced_ = false;  // a rebalance ran since the current Poll started
   bool closing_ = false;
-  Status deferred_;  // an error seen after a Poll had messages: the next Poll returns it
+  bool commit_failed_ = false;  // some partition's `pending` is still to be committed
+  Status deferred_;             // an error seen after a Poll had messages: the next Poll returns it
   std::vector<rd_kafka_message_t*> drain_;
 };
 
@@ -376,6 +380,8 @@ Result<std::vector<BrokerMessage>> KafkaBroker::Poll(std::size_t max,
       wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(state->resume_at - now));
     }
   }
+  // Commits that failed during a rebalance; their error was reported by Acknowledge.
+  if (commit_failed_) (void)CommitPending();
   rebalanced_ = false;
   out.reserve(std::min<std::size_t>(max, 1024));
 
@@ -419,35 +425,46 @@ Status KafkaBroker::Acknowledge(std::span<const BrokerMessage* const> messages) 
     a.max = std::max(a.max, *offset);
     if (state->hold && *state->hold == *offset) a.clears_hold = true;
   }
-  PartitionList list(rd_kafka_topic_partition_list_new(static_cast<int>(acked.size())));
-  std::vector<std::pair<PartitionState*, std::int64_t>> commits;
   for (auto& [state, a] : acked) {
     if (a.clears_hold) state->hold.reset();
     std::int64_t next = a.max + 1;
     if (state->hold) next = std::min(next, *state->hold);
-    if (next <= state->committed) continue;
-    rd_kafka_topic_partition_list_add(list.get(), state->topic.c_str(), state->partition)->offset =
-        next;
-    commits.emplace_back(state, next);
+    state->pending = std::max(state->pending, next);
   }
-  if (commits.empty()) return {};
+  return CommitPending();
+}
+
+Status KafkaBroker::CommitPending() {
+  PartitionList list(rd_kafka_topic_partition_list_new(0));
+  std::vector<PartitionState*> states;
+  for (auto& [key, state] : partitions_) {
+    if (state->pending <= state->committed) continue;
+    rd_kafka_topic_partition_list_add(list.get(), state->topic.c_str(), state->partition)->offset =
+        state->pending;
+    states.push_back(state.get());
+  }
+  if (states.empty()) return {};
+  // A commit that fails (typically while the group rebalances) stays pending: the next Poll or
+  // Acknowledge tries it again, unless the partition is revoked first.
   rd_kafka_resp_err_t err = rd_kafka_commit(consumer_.get(), list.get(), /*async=*/0);
+  commit_failed_ = false;
   std::string failed;
   for (int i = 0; i < list->cnt; ++i) {
-    if (list->elems[i].err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      failed += std::string(failed.empty() ? "" : ", ") + list->elems[i].topic + "/" +
-                std::to_string(list->elems[i].partition) + ": " +
-                rd_kafka_err2str(list->elems[i].err);
+    const auto& tp = list->elems[i];
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR && tp.err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      PartitionState* state = states[static_cast<std::size_t>(i)];
+      state->committed = tp.offset;
+      while (!state->keys.empty() && state->keys.front().first < tp.offset) state->keys.pop_front();
+      state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(tp.offset));
+    } else if (tp.err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      failed += std::string(failed.empty() ? "" : ", ") + tp.topic + "/" +
+                std::to_string(tp.partition) + ": " + rd_kafka_err2str(tp.err);
     }
   }
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR || !failed.empty()) {
+    commit_failed_ = true;
     return UnavailableError("kafka: commit failed: " +
                             (failed.empty() ? std::string(rd_kafka_err2str(err)) : failed));
-  }
-  for (auto& [state, next] : commits) {
-    state->committed = next;
-    while (!state->keys.empty() && state->keys.front().first < next) state->keys.pop_front();
-    state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(next));
   }
   return {};
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 
 namespace idem::kafka::testing {
@@ -41,6 +42,10 @@ KafkaConsumerConfig TestConfig(const std::string& bootstrap, const std::string& 
   config.properties = {{"topic.metadata.refresh.interval.ms", "1000"},
                        {"reconnect.backoff.ms", "10"},
                        {"reconnect.backoff.max.ms", "200"}};
+  // IDEM_KAFKA_DEBUG=cgrp,fetch,...: librdkafka's debug log on stderr, to see a slow test.
+  if (const char* debug = std::getenv("IDEM_KAFKA_DEBUG"); debug != nullptr && *debug != 0) {
+    config.properties.emplace_back("debug", debug);
+  }
   return config;
 }
 
