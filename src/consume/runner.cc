@@ -109,7 +109,10 @@ Result<std::unique_ptr<Broker>> OpenBroker(const ConsumerConfig& c) {
       n.dlq_subject = c.dlq;
       n.dlq_stream = c.dlq_stream;
       n.ack_wait = c.ack_wait;
-      n.max_ack_pending = static_cast<int>(std::max<std::size_t>(c.batch, 1000));
+      // No more unacknowledged messages out than one batch: after a crash, the server
+      // redelivers that batch (after ack_wait) before it lets anything newer out, so the
+      // subject's order of effects holds across restarts.
+      n.max_ack_pending = static_cast<int>(c.batch);
       n.connection_name = "idemd-" + c.name;
       return nats::OpenNatsConsumer(n);
     }
