@@ -4,9 +4,9 @@
 // (reaped, killed on destruction).
 //
 // Binaries: IDEM_REDIS_SERVER (redis-server), IDEM_PG_BIN (PostgreSQL's bin directory) and
-// IDEM_NATS_SERVER (nats-server), as
-// scripts/servers.sh exports them, else Debian's paths; redis-cli from PATH. PostgreSQL runs as
-// the `postgres` user (setpriv, no extra process in between), since it refuses to run as root.
+// IDEM_NATS_SERVER (nats-server), as scripts/servers.sh exports them, else Debian's paths;
+// redis-cli from PATH. PostgreSQL runs as the `postgres` user (setpriv, no extra process in
+// between), since it refuses to run as root.
 #ifndef IDEM_TESTS_SUPPORT_SERVERS_H_
 #define IDEM_TESTS_SUPPORT_SERVERS_H_
 
