@@ -3,6 +3,8 @@
 //   (a) plain   a JetStream pull consumer written directly against libnats: fetch a batch,
 //               read each message's key header and payload, ack each, one flush per batch.
 //               No dedup. The peer.
+//   (a') broker the NATS adapter alone (idem::Broker Poll + Acknowledge, no store, no core):
+//               what the adapter costs over (a), to tell it from what the core costs.
 //   (b) memory  idem::Consumer over the NATS adapter with the memory store.
 //   (c) log     idem::Consumer over the NATS adapter with the log store, sync=always (every
 //               BeginBatch and CompleteBatch waits for its fdatasync).
@@ -13,10 +15,11 @@
 //
 //   nats_consumer_bench --url nats://127.0.0.1:PORT [--messages 100000] [--batch 256]
 //                       [--subjects 16] [--payload 100] [--rounds 3] [--dir /tmp]
-//                       [--only plain,memory,log] [--ack-sync]
+//                       [--only plain,broker,memory,log] [--ack-sync]
 // --ack-sync: the plain consumer uses natsMsg_AckSync (a round trip per message) instead of
 // ack + flush, to show what that would cost.
 #include <nats/nats.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +50,7 @@ struct Flags {
   std::size_t payload = 100;
   int rounds = 3;
   std::string dir = "/tmp";
-  std::string only = "plain,memory,log";
+  std::string only = "plain,broker,memory,log";
   bool ack_sync = false;
 };
 
@@ -124,8 +127,37 @@ void Fill(const Flags& f, const Setup& s) {
               static_cast<double>(f.messages) / secs);
 }
 
+// Wall time and this process's CPU time (all threads, libnats' own included) of one pass.
+// One pass: msg/s and the client's CPU microseconds per message.
+struct Pass {
+  double rate = 0;
+  double cpu_us = 0;
+};
+
+class Stopwatch {
+ public:
+  Stopwatch() : wall_(SteadyClock::now()), cpu_(CpuSeconds()) {}
+  Pass Stop(std::size_t messages) const {
+    const double secs = std::chrono::duration<double>(SteadyClock::now() - wall_).count();
+    const double n = static_cast<double>(messages);
+    return {n / secs, (CpuSeconds() - cpu_) * 1e6 / n};
+  }
+
+ private:
+  static double CpuSeconds() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    auto secs = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+    };
+    return secs(ru.ru_utime) + secs(ru.ru_stime);
+  }
+  SteadyClock::time_point wall_;
+  double cpu_;
+};
+
 // (a) plain libnats: fetch, read, ack each, flush per batch.
-double RunPlain(const Flags& f, const Setup& s, const std::string& durable) {
+Pass RunPlain(const Flags& f, const Setup& s, const std::string& durable) {
   natsConnection* nc = nullptr;
   Check(natsConnection_ConnectTo(&nc, f.url.c_str()), "connect");
   jsCtx* js = nullptr;
@@ -150,7 +182,7 @@ double RunPlain(const Flags& f, const Setup& s, const std::string& durable) {
 
   std::size_t got = 0;
   std::size_t bytes = 0;
-  const auto start = SteadyClock::now();
+  const Stopwatch watch;
   while (got < f.messages) {
     natsMsgList list{};
     const natsStatus st =
@@ -172,17 +204,17 @@ double RunPlain(const Flags& f, const Setup& s, const std::string& durable) {
     got += static_cast<std::size_t>(list.Count);
     natsMsgList_Destroy(&list);
   }
-  const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  const Pass pass = watch.Stop(got);
   if (bytes == 0) Die("read nothing");
   natsSubscription_Destroy(sub);
   js_DeleteConsumer(js, s.stream.c_str(), durable.c_str(), nullptr, nullptr);
   jsCtx_Destroy(js);
   natsConnection_Destroy(nc);
-  return static_cast<double>(got) / secs;
+  return pass;
 }
 
-// (b), (c): idem::Consumer over the adapter; RunOnce until every key was executed.
-double RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem::Store& store) {
+idem::nats::NatsConsumerConfig AdapterConfig(const Flags& f, const Setup& s,
+                                             const std::string& durable) {
   idem::nats::NatsConsumerConfig c;
   c.url = f.url;
   c.stream = s.stream;
@@ -190,7 +222,30 @@ double RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem:
   c.durable = durable;
   c.dlq_stream = s.dlq_stream;
   c.dlq_subject = s.dlq_subject;
-  auto broker = idem::nats::OpenNatsConsumer(c);
+  return c;
+}
+
+// (a') the adapter alone: Poll a batch, Acknowledge it.
+Pass RunBroker(const Flags& f, const Setup& s, const std::string& durable) {
+  auto broker = idem::nats::OpenNatsConsumer(AdapterConfig(f, s, durable));
+  if (!broker) Die(broker.error().ToString());
+  std::size_t got = 0;
+  std::vector<const idem::BrokerMessage*> ptrs;
+  const Stopwatch watch;
+  while (got < f.messages) {
+    auto batch = (*broker)->Poll(f.batch, 100ms);
+    if (!batch) Die(batch.error().ToString());
+    ptrs.clear();
+    for (const auto& m : *batch) ptrs.push_back(&m);
+    if (auto st = (*broker)->Acknowledge(ptrs); !st.ok()) Die(st.ToString());
+    got += batch->size();
+  }
+  return watch.Stop(got);
+}
+
+// (b), (c): idem::Consumer over the adapter; RunOnce until every key was executed.
+Pass RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem::Store& store) {
+  auto broker = idem::nats::OpenNatsConsumer(AdapterConfig(f, s, durable));
   if (!broker) Die(broker.error().ToString());
   idem::ConsumerOptions o;
   o.name = durable;
@@ -203,18 +258,18 @@ double RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem:
         return idem::HandlerVerdict{};
       },
       o);
-  const auto start = SteadyClock::now();
+  const Stopwatch watch;
   while (consumer.counts().executed < f.messages) {
     auto r = consumer.RunOnce();
     if (!r) Die("RunOnce: " + r.error().ToString());
   }
-  const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  const Pass pass = watch.Stop(f.messages);
   const auto counts = consumer.counts();
   if (counts.replayed != 0 || counts.dead_lettered != 0 || counts.executed != f.messages) {
     Die("unexpected counts: executed " + std::to_string(counts.executed) + " replayed " +
         std::to_string(counts.replayed) + " dead-lettered " + std::to_string(counts.dead_lettered));
   }
-  return static_cast<double>(f.messages) / secs;
+  return pass;
 }
 
 double Median(std::vector<double> v) {
@@ -231,48 +286,54 @@ int main(int argc, char** argv) {
   Fill(f, s);
   auto want = [&](const char* name) { return f.only.find(name) != std::string::npos; };
 
-  std::map<std::string, std::vector<double>> rates;
+  std::map<std::string, std::vector<Pass>> passes;
+  auto record = [&](const char* name, const char* label, int round, Pass p) {
+    passes[name].push_back(p);
+    std::printf("round %d  %-34s %9.0f msg/s  %5.2f us CPU/msg\n", round, label, p.rate, p.cpu_us);
+    std::fflush(stdout);
+  };
   for (int round = 1; round <= f.rounds; ++round) {
+    const std::string r = std::to_string(round);
     if (want("plain")) {
-      const double r = RunPlain(f, s, "plain" + std::to_string(round));
-      rates["a plain"].push_back(r);
-      std::printf("round %d  (a) plain JetStream pull%s  %10.0f msg/s\n", round,
-                  f.ack_sync ? " (AckSync)" : "", r);
+      record("a", f.ack_sync ? "(a) plain JetStream pull, AckSync" : "(a) plain JetStream pull",
+             round, RunPlain(f, s, "plain" + r));
     }
+    if (want("broker"))
+      record("a'", "(a') NATS adapter alone", round, RunBroker(f, s, "broker" + r));
     if (want("memory")) {
       auto store = idem::NewMemoryStore();
-      const double r = RunIdem(f, s, "memory" + std::to_string(round), *store);
-      rates["b memory"].push_back(r);
-      std::printf("round %d  (b) idem + memory store      %10.0f msg/s\n", round, r);
+      record("b", "(b) idem + memory store", round, RunIdem(f, s, "memory" + r, *store));
     }
     if (want("log")) {
       idem::LogStoreOptions lo;
-      lo.dir =
-          (std::filesystem::path(f.dir) / ("idem-nats-bench-" + tag + "-" + std::to_string(round)))
-              .string();
+      lo.dir = (std::filesystem::path(f.dir) / ("idem-nats-bench-" + tag + "-" + r)).string();
       lo.sync = idem::SyncMode::kAlways;
-      double r = 0;
+      Pass p;
       {
         auto store = idem::OpenLogStore(lo);
         if (!store) Die(store.error().ToString());
-        r = RunIdem(f, s, "log" + std::to_string(round), **store);
+        p = RunIdem(f, s, "log" + r, **store);
       }
       std::filesystem::remove_all(lo.dir);
-      rates["c log"].push_back(r);
-      std::printf("round %d  (c) idem + log store (always) %10.0f msg/s\n", round, r);
+      record("c", "(c) idem + log store, sync=always", round, p);
     }
-    std::fflush(stdout);
   }
-  std::printf("medians over %d rounds, %zu messages, batch %zu:\n", f.rounds, f.messages, f.batch);
-  for (const auto& [name, v] : rates)
-    std::printf("  %-10s %10.0f msg/s\n", name.c_str(), Median(v));
-  if (rates.count("a plain")) {
-    const double a = Median(rates["a plain"]);
-    if (rates.count("b memory")) {
-      std::printf("  b/a = %.2f (target >= 0.85)\n", Median(rates["b memory"]) / a);
+  std::printf("medians over %d rounds (%zu messages, batch %zu):\n", f.rounds, f.messages, f.batch);
+  std::map<std::string, double> rate;
+  for (const auto& [name, v] : passes) {
+    std::vector<double> rates, cpus;
+    for (const Pass& p : v) {
+      rates.push_back(p.rate);
+      cpus.push_back(p.cpu_us);
     }
-    if (rates.count("c log"))
-      std::printf("  c/a = %.2f (target >= 0.60)\n", Median(rates["c log"]) / a);
+    rate[name] = Median(rates);
+    std::printf("  %-3s %9.0f msg/s  %5.2f us CPU/msg\n", name.c_str(), rate[name], Median(cpus));
+  }
+  if (rate.count("a")) {
+    const double a = rate["a"];
+    if (rate.count("a'")) std::printf("  a'/a = %.2f (the adapter alone)\n", rate["a'"] / a);
+    if (rate.count("b")) std::printf("  b/a  = %.2f (target >= 0.85)\n", rate["b"] / a);
+    if (rate.count("c")) std::printf("  c/a  = %.2f (target >= 0.60)\n", rate["c"] / a);
   }
   auto p = idem::nats::Publisher::Open(f.url);
   if (p) {

@@ -11,7 +11,8 @@
 // Mapping onto idem::Broker:
 //   Poll         one fetch (natsSubscription_Fetch) of up to `max` messages. partition = the
 //                message's subject, position = its stream sequence (decimal), deliveries = the
-//                consumer's delivery count, headers copied in order. Nothing within `wait` ->
+//                consumer's delivery count, headers copied (libnats keeps no order between
+//                header names; the values of one name keep theirs). Nothing within `wait` ->
 //                an empty batch. Not connected -> kUnavailable; libnats reconnects by itself and
 //                the same Broker polls again once it has (the durable lives on the server).
 //   Acknowledge  +ACK each message, then a flush (a round trip to the server), so the acks
@@ -31,8 +32,10 @@
 // Streams: with create_streams, Open creates `stream` (file storage, `subjects`) and
 // `dlq_stream` (file storage, dlq_subject) when they do not exist; existing streams are used
 // as they are (Open checks that they exist). The durable consumer is created, or updated to this
-// config, with explicit acks, deliver-all, no max_deliver (idem dead-letters by its own count),
-// and the filter subject when `subjects` has exactly one entry.
+// config, with explicit acks, deliver-all, no max_deliver (idem dead-letters by its own count).
+// It filters on `subjects` only when the stream holds other subjects too (nats-server 2.9
+// delivers about a quarter slower through a filtered consumer); then `subjects` must be one
+// subject (2.9 consumers take one filter), else Open fails with kFailedPrecondition.
 //
 // Thread-safety: one consumer thread calls Poll/Acknowledge/Redeliver/DeadLetter/Touch;
 // Health may be called from any thread.
@@ -56,8 +59,9 @@ namespace idem::nats {
 struct NatsConsumerConfig {
   std::string url = "nats://127.0.0.1:4222";  // one or more, comma separated
   std::string stream{};                       // the stream to consume (required)
-  // The stream's subjects when it is created; the consumer's filter when there is exactly one.
-  // Empty: the stream must exist and the consumer reads all of it.
+  // The stream's subjects when it is created. When the stream exists with more subjects than
+  // these, the one subject given is the consumer's filter. Empty: the stream must exist and the
+  // consumer reads all of it.
   std::vector<std::string> subjects{};
   std::string durable{};      // the durable consumer's name (required, no '.', '*', '>')
   std::string dlq_subject{};  // where dead letters go (required)

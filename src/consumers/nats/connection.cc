@@ -1,6 +1,7 @@
 #include "consumers/nats/connection.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <thread>
 
@@ -109,13 +110,20 @@ Result<Connection> Connect(const ConnectOptions& options) {
   return c;
 }
 
-Status CheckStream(jsCtx* js, std::string_view name) {
+Result<std::vector<std::string>> StreamSubjects(jsCtx* js, std::string_view name) {
   const std::string n(name);
   jsStreamInfo* si = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   const natsStatus s = js_GetStreamInfo(&si, js, n.c_str(), nullptr, &jerr);
   std::unique_ptr<jsStreamInfo, StreamInfoCloser> owned(si);
-  if (s == NATS_OK) return OkStatus();
+  if (s == NATS_OK) {
+    std::vector<std::string> subjects;
+    if (si->Config != nullptr) {
+      for (int i = 0; i < si->Config->SubjectsLen; ++i)
+        subjects.emplace_back(si->Config->Subjects[i]);
+    }
+    return subjects;
+  }
   if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) {
     return FailedPreconditionError("nats: stream '" + n + "' does not exist");
   }
@@ -145,6 +153,41 @@ Status EnsureStream(jsCtx* js, std::string_view name, const std::vector<std::str
     return UnavailableError(ErrorText("nats: create stream '" + n + "'", s));
   }
   return FailedPreconditionError(ErrorText("nats: create stream '" + n + "'", s));
+}
+
+std::optional<AckReply> ParseAckReply(std::string_view reply) {
+  constexpr std::string_view kPrefix = "$JS.ACK.";
+  if (reply.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  reply.remove_prefix(kPrefix.size());
+  // Tokens after the prefix: 7 in the old form, 9 or more in the new one.
+  std::string_view tokens[12];
+  std::size_t n = 0;
+  while (n < 12) {
+    const auto dot = reply.find('.');
+    tokens[n++] = reply.substr(0, dot);
+    if (dot == std::string_view::npos) break;
+    reply.remove_prefix(dot + 1);
+  }
+  std::size_t first;  // index of <delivered>
+  if (n == 7) {
+    first = 2;
+  } else if (n >= 9) {
+    first = 4;
+  } else {
+    return std::nullopt;
+  }
+  const std::string_view delivered = tokens[first];
+  const std::string_view sequence = tokens[first + 1];
+  AckReply out;
+  const auto [end, ec] =
+      std::from_chars(delivered.data(), delivered.data() + delivered.size(), out.delivered);
+  if (ec != std::errc() || end != delivered.data() + delivered.size()) return std::nullopt;
+  if (sequence.empty() ||
+      !std::all_of(sequence.begin(), sequence.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  out.stream_sequence = sequence;
+  return out;
 }
 
 Headers ReadHeaders(natsMsg* msg) {

@@ -6,7 +6,9 @@
 #include <nats/nats.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,8 +59,22 @@ Result<Connection> Connect(const ConnectOptions& options);
 // Creates stream `name` (file storage) over `subjects` unless it exists. kFailedPrecondition
 // when the server refuses it; kUnavailable when JetStream does not answer.
 Status EnsureStream(jsCtx* js, std::string_view name, const std::vector<std::string>& subjects);
+// The subjects of stream `name`; kFailedPrecondition when it does not exist.
+Result<std::vector<std::string>> StreamSubjects(jsCtx* js, std::string_view name);
 // ok when stream `name` exists; kFailedPrecondition when not.
-Status CheckStream(jsCtx* js, std::string_view name);
+inline Status CheckStream(jsCtx* js, std::string_view name) {
+  return StreamSubjects(js, name).status();
+}
+
+// What the reply subject of a JetStream delivery says, read without allocating:
+//   $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
+//   $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<stream seq>...  (newer)
+struct AckReply {
+  std::string_view stream_sequence;  // decimal digits
+  std::uint64_t delivered = 0;
+};
+// nullopt when `reply` is not such a subject.
+std::optional<AckReply> ParseAckReply(std::string_view reply);
 
 // The message's headers (empty when it has none).
 Headers ReadHeaders(natsMsg* msg);

@@ -151,6 +151,9 @@ class NatsBroker final : public Broker {
       IDEM_RETURN_IF_ERROR(CheckStream(js(), config_.stream));
       IDEM_RETURN_IF_ERROR(CheckStream(js(), config_.dlq_stream));
     }
+    auto stream_subjects = StreamSubjects(js(), config_.stream);
+    if (!stream_subjects) return stream_subjects.error();
+    IDEM_RETURN_IF_ERROR(ChooseFilter(*stream_subjects));
     IDEM_RETURN_IF_ERROR(EnsureConsumer());
     return Subscribe();
   }
@@ -184,16 +187,26 @@ class NatsBroker final : public Broker {
       natsMsg* msg = list.Msgs[i];
       list.Msgs[i] = nullptr;  // ours now
       MsgPtr owned(msg);
-      jsMsgMetaData* raw_meta = nullptr;
-      if (natsMsg_GetMetaData(&raw_meta, msg) != NATS_OK) continue;  // not a JetStream message
-      std::unique_ptr<jsMsgMetaData, MetaDataCloser> meta(raw_meta);
       BrokerMessage m;
+      std::uint64_t delivered = 1;
+      // The reply subject holds the metadata; reading it in place saves natsMsg_GetMetaData's
+      // allocations on the hot path. Anything unexpected goes the library's way.
+      const char* reply = natsMsg_GetReply(msg);
+      if (auto ack = ParseAckReply(reply != nullptr ? reply : ""); ack.has_value()) {
+        m.position = ack->stream_sequence;
+        delivered = ack->delivered;
+      } else {
+        jsMsgMetaData* raw_meta = nullptr;
+        if (natsMsg_GetMetaData(&raw_meta, msg) != NATS_OK) continue;  // not from JetStream
+        std::unique_ptr<jsMsgMetaData, MetaDataCloser> meta(raw_meta);
+        m.position = std::to_string(meta->Sequence.Stream);
+        delivered = meta->NumDelivered;
+      }
       m.partition = natsMsg_GetSubject(msg);
-      m.position = std::to_string(meta->Sequence.Stream);
       m.payload.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
       m.headers = ReadHeaders(msg);
       m.deliveries = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(std::max<std::uint64_t>(meta->NumDelivered, 1), UINT32_MAX));
+          std::min<std::uint64_t>(std::max<std::uint64_t>(delivered, 1), UINT32_MAX));
       m.handle = next_handle_++;
       pending_.emplace(m.handle, Pending{std::move(owned), now});
       out.push_back(std::move(m));
@@ -283,6 +296,26 @@ class NatsBroker final : public Broker {
     return s.size() >= prefix.size() && EqualsIgnoreCase(s.substr(0, prefix.size()), prefix);
   }
 
+  // A filter only when the stream holds more than `subjects`: nats-server 2.9 delivers about a
+  // quarter slower through a filtered consumer, even one whose filter covers the whole stream.
+  Status ChooseFilter(std::vector<std::string> stream_subjects) {
+    std::vector<std::string> wanted = config_.subjects;
+    std::sort(stream_subjects.begin(), stream_subjects.end());
+    std::sort(wanted.begin(), wanted.end());
+    if (wanted.empty() || wanted == stream_subjects) {
+      filter_.clear();
+      return OkStatus();
+    }
+    if (wanted.size() == 1) {
+      filter_ = wanted.front();
+      return OkStatus();
+    }
+    // A consumer of nats-server 2.9 has at most one filter subject.
+    return FailedPreconditionError("nats: subjects: stream '" + config_.stream +
+                                   "' holds other subjects too, and a consumer can filter on "
+                                   "one subject only; give one subject, or none for all");
+  }
+
   Status EnsureConsumer() {
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
@@ -291,7 +324,7 @@ class NatsBroker final : public Broker {
     cc.DeliverPolicy = js_DeliverAll;
     cc.AckWait = config_.ack_wait.count() * kNanosPerMilli;
     cc.MaxAckPending = config_.max_ack_pending;
-    if (config_.subjects.size() == 1) cc.FilterSubject = config_.subjects.front().c_str();
+    if (!filter_.empty()) cc.FilterSubject = filter_.c_str();
     jsConsumerInfo* raw = nullptr;
     jsErrCode jerr = static_cast<jsErrCode>(0);
     natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(), config_.durable.c_str(),
@@ -373,6 +406,7 @@ class NatsBroker final : public Broker {
 
   NatsConsumerConfig config_;
   Connection connection_;
+  std::string filter_;  // the consumer's filter subject; empty: the whole stream
   SubscriptionPtr sub_;
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::uint64_t next_handle_ = 1;

@@ -17,6 +17,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "consumers/nats/connection.h"
 #include "idem/consumers/nats.h"
 #include "tests/support/servers.h"
 
@@ -161,6 +162,26 @@ TEST(NatsConfigTest, BadConfigIsInvalidArgumentNamingTheOption) {
   c = good;
   c.max_ack_pending = 0;
   expect_invalid(c, "max_ack_pending");
+}
+
+TEST(NatsAckReplyTest, ReadsSequenceAndDeliveriesFromBothForms) {
+  auto v1 = ParseAckReply("$JS.ACK.ORDERS.worker.3.1042.77.1700000000000000000.12");
+  ASSERT_TRUE(v1.has_value());
+  EXPECT_EQ(v1->stream_sequence, "1042");
+  EXPECT_EQ(v1->delivered, 3u);
+  auto v2 = ParseAckReply("$JS.ACK.hub.ACCHASH.ORDERS.worker.1.7.7.1700000000000000000.0.r4nd0m");
+  ASSERT_TRUE(v2.has_value());
+  EXPECT_EQ(v2->stream_sequence, "7");
+  EXPECT_EQ(v2->delivered, 1u);
+  auto v2_short = ParseAckReply("$JS.ACK._.ACCHASH.ORDERS.worker.2.9.8.1700000000000000000.0");
+  ASSERT_TRUE(v2_short.has_value());
+  EXPECT_EQ(v2_short->stream_sequence, "9");
+  EXPECT_EQ(v2_short->delivered, 2u);
+  EXPECT_FALSE(ParseAckReply("").has_value());
+  EXPECT_FALSE(ParseAckReply("_INBOX.abc").has_value());
+  EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.3").has_value());
+  EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.x.1042.77.1.12").has_value());
+  EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.3.-5.77.1.12").has_value());
 }
 
 TEST(NatsConfigTest, NoServerIsUnavailable) {
@@ -404,6 +425,36 @@ TEST(NatsBrokerTest, ExistingStreamsAreUsedAsTheyAre) {
   EXPECT_TRUE(p->DeleteStream(n.stream).ok());
   EXPECT_TRUE(p->DeleteStream(n.dlq_stream).ok());
   EXPECT_TRUE(p->DeleteStream(n.dlq_stream).ok()) << "deleting a missing stream is ok";
+}
+
+TEST(NatsBrokerTest, OneSubjectOfAWiderStreamIsFiltered) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->EnsureStream(n.stream, {n.Subject("a"), n.Subject("b")}).ok());
+  ASSERT_TRUE(p->Publish(n.Subject("b"), "not mine").has_value());
+  ASSERT_TRUE(p->Publish(n.Subject("a"), "mine").has_value());
+  auto c = n.Config(url);
+  c.subjects = {n.Subject("a")};
+  auto b = Open(c);
+  ASSERT_TRUE(b);
+  const auto got = PollN(*b, 2, 1500ms);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "mine");
+  EXPECT_EQ(got[0].partition, n.Subject("a"));
+  ASSERT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+
+  // Two subjects of a stream that holds three: 2.9 consumers filter on one subject only.
+  ASSERT_TRUE(
+      p->EnsureStream(n.stream + "_3", {n.Subject("x"), n.Subject("y"), n.Subject("z")}).ok());
+  auto c3 = c;
+  c3.stream = n.stream + "_3";
+  c3.subjects = {n.Subject("x"), n.Subject("y")};
+  auto b3 = OpenNatsConsumer(c3);
+  ASSERT_FALSE(b3.has_value());
+  EXPECT_EQ(b3.error().code(), StatusCode::kFailedPrecondition) << b3.error().ToString();
+  EXPECT_THAT(b3.error().message(), HasSubstr("subjects"));
 }
 
 TEST(NatsBrokerTest, PublishToNoStreamFails) {
