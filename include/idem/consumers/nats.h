@@ -23,7 +23,9 @@
 //   Touch        +WPI (in progress): resets the ack_wait timer of each message.
 //   DeadLetter   a JetStream publish to dlq_subject (stored by dlq_stream) with
 //                DeadLetterHeaders() as NATS headers (minus Nats-Expected-*, publish
-//                preconditions of the source stream) and the same payload, after its PubAck.
+//                preconditions of the source stream, and minus empty values, e.g. the key
+//                of a message that had none: libnats 3.4 cannot read an empty header value
+//                back) and the same payload, after its PubAck.
 //                Without a Nats-Msg-Id of its own, the dead letter gets "<stream>:<sequence>"
 //                as its message id, so a repeat after a crash within the DLQ stream's
 //                duplicate window is stored once.

@@ -208,6 +208,7 @@ Headers ReadHeaders(natsMsg* msg) {
 
 Status WriteHeaders(natsMsg* msg, const Headers& headers) {
   for (const auto& [name, value] : headers) {
+    if (value.empty()) continue;
     const std::string n = Clean(name);
     const std::string v = Clean(value);
     if (natsStatus s = natsMsgHeader_Add(msg, n.c_str(), v.c_str()); s != NATS_OK) {

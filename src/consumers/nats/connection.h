@@ -79,7 +79,8 @@ std::optional<AckReply> ParseAckReply(std::string_view reply);
 // The message's headers (empty when it has none).
 Headers ReadHeaders(natsMsg* msg);
 // Adds `headers` to `msg`; CR and LF in names and values become spaces (they would end the
-// header block on the wire).
+// header block on the wire). A header with an empty value is left out: libnats 3.4 reads a
+// header block holding one as malformed and drops every header of the message.
 Status WriteHeaders(natsMsg* msg, const Headers& headers);
 
 }  // namespace idem::nats

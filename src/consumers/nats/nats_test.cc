@@ -427,6 +427,21 @@ TEST(NatsBrokerTest, ExistingStreamsAreUsedAsTheyAre) {
   EXPECT_TRUE(p->DeleteStream(n.dlq_stream).ok()) << "deleting a missing stream is ok";
 }
 
+TEST(NatsBrokerTest, EmptyHeaderValuesAreLeftOutSoTheOthersSurvive) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->EnsureStream(n.stream, {n.Subject("a")}).ok());
+  ASSERT_TRUE(
+      p->Publish(n.Subject("a"), "x", {{"Idempotency-Key", "k"}, {"Empty", ""}}).has_value());
+  auto stored = ReadStream(url, n.stream);
+  ASSERT_TRUE(stored.has_value());
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ(HeaderOf(stored->front().headers, "Idempotency-Key"), "k");
+  EXPECT_EQ(HeaderOf(stored->front().headers, "Empty"), "<missing>");
+}
+
 TEST(NatsBrokerTest, OneSubjectOfAWiderStreamIsFiltered) {
   Names n;
   const std::string url = SharedUrl();
