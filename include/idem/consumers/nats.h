@@ -15,6 +15,8 @@
 //                header names; the values of one name keep theirs). Nothing within `wait` ->
 //                an empty batch. Not connected -> kUnavailable; libnats reconnects by itself and
 //                the same Broker polls again once it has (the durable lives on the server).
+//                A durable deleted behind the Broker's back is created again (deliver-all: the
+//                stream is read from its start, and the store answers Replay for what was done).
 //   Acknowledge  +ACK each message, then a flush (a round trip to the server), so the acks
 //                have reached the server when it returns ok; kUnavailable otherwise.
 //   Redeliver    -NAK with the delay, message by message in the order given. JetStream keeps
@@ -76,6 +78,9 @@ struct NatsConsumerConfig {
   // flush after acks.
   std::chrono::milliseconds request_timeout{5'000};
   std::chrono::milliseconds reconnect_wait{250};  // between reconnect attempts (forever)
+  // An empty poll checks this often that the durable still exists, and creates it again if it
+  // was deleted (a pull request to a deleted consumer gets no answer at all).
+  std::chrono::milliseconds consumer_check_interval{5'000};
   std::string connection_name = "idem";
 };
 

@@ -116,6 +116,9 @@ Status Validate(const NatsConsumerConfig& c) {
   if (c.request_timeout < milliseconds(1)) {
     return InvalidArgumentError("nats: request_timeout must be positive");
   }
+  if (c.consumer_check_interval < milliseconds(1)) {
+    return InvalidArgumentError("nats: consumer_check_interval must be positive");
+  }
   if (c.reconnect_wait < milliseconds(0)) {
     return InvalidArgumentError("nats: reconnect_wait must not be negative");
   }
@@ -163,6 +166,9 @@ class NatsBroker final : public Broker {
   Result<std::vector<BrokerMessage>> Poll(std::size_t max, milliseconds wait) override {
     std::vector<BrokerMessage> out;
     if (max == 0) return out;
+    // While libnats reconnects, a pull request would only wait in its reconnect buffer and
+    // reach the server later as a stale request: say so at once instead.
+    if (!Connected()) return UnavailableError("nats: not connected to " + config_.url);
     Sweep();
     const int batch = static_cast<int>(std::min<std::size_t>(max, INT_MAX / 2));
     natsMsgList list{};
@@ -171,14 +177,19 @@ class NatsBroker final : public Broker {
                                                 std::max<std::int64_t>(wait.count(), 1), &jerr);
     if (s == NATS_TIMEOUT || s == NATS_NOT_FOUND) {
       if (!Connected()) return UnavailableError("nats: not connected to " + config_.url);
-      return out;
+      return CheckConsumer(SteadyClock::now());
     }
     if (s != NATS_OK) {
       Status st = UnavailableError(
           ErrorText("nats: fetch from " + config_.stream + "/" + config_.durable, s));
-      // Connected and still failing: JetStream may be starting after a restart, or the durable
-      // may be gone. Make sure it exists for the next poll.
-      if (Connected()) (void)EnsureConsumer();
+      // No responders while connected: JetStream is still starting after a restart, or the
+      // durable is gone (deleted by hand). Create it again for the next poll, at most once a
+      // second.
+      const auto now = SteadyClock::now();
+      if (s == NATS_NO_RESPONDERS && Connected() && now - last_ensure_ >= std::chrono::seconds(1)) {
+        last_ensure_ = now;
+        (void)EnsureConsumer();
+      }
       return st;
     }
     out.reserve(static_cast<std::size_t>(list.Count));
@@ -239,6 +250,9 @@ class NatsBroker final : public Broker {
   }
 
   Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override {
+    if (!Connected()) {
+      return UnavailableError("nats: not connected to " + config_.url + "; no dead letter sent");
+    }
     natsMsg* raw = nullptr;
     natsStatus s = natsMsg_Create(&raw, config_.dlq_subject.c_str(), nullptr,
                                   message.payload.data(), static_cast<int>(message.payload.size()));
@@ -316,6 +330,24 @@ class NatsBroker final : public Broker {
                                    "one subject only; give one subject, or none for all");
   }
 
+  // An idle poll: once per consumer_check_interval, make sure the durable still exists (a pull
+  // request to a deleted one is never answered, so Poll alone would wait forever).
+  Result<std::vector<BrokerMessage>> CheckConsumer(SteadyClock::time_point now) {
+    if (now - last_ensure_ < config_.consumer_check_interval) return std::vector<BrokerMessage>{};
+    last_ensure_ = now;
+    jsConsumerInfo* raw = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
+                                            config_.durable.c_str(), nullptr, &jerr);
+    jsConsumerInfo_Destroy(raw);
+    if (s == NATS_OK) return std::vector<BrokerMessage>{};
+    if (s == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
+      IDEM_RETURN_IF_ERROR(EnsureConsumer());
+      return std::vector<BrokerMessage>{};
+    }
+    return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
+  }
+
   Status EnsureConsumer() {
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
@@ -387,6 +419,12 @@ class NatsBroker final : public Broker {
   }
 
   Status Flush(const char* what) {
+    // Not connected: what was sent waits in libnats' reconnect buffer and goes out once it
+    // reconnects; a flush would only block for request_timeout.
+    if (!Connected()) {
+      return UnavailableError(std::string("nats: not connected to ") + config_.url + "; the " +
+                              what + " goes out once it reconnects");
+    }
     const natsStatus s =
         natsConnection_FlushTimeout(connection_.conn.get(), config_.request_timeout.count());
     if (s != NATS_OK) {
@@ -410,6 +448,7 @@ class NatsBroker final : public Broker {
   SubscriptionPtr sub_;
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::uint64_t next_handle_ = 1;
+  SteadyClock::time_point last_ensure_{};
 };
 
 }  // namespace

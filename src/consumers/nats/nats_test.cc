@@ -17,6 +17,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nats/nats.h>
+
 #include "consumers/nats/connection.h"
 #include "idem/consumers/nats.h"
 #include "tests/support/servers.h"
@@ -162,6 +164,9 @@ TEST(NatsConfigTest, BadConfigIsInvalidArgumentNamingTheOption) {
   c = good;
   c.max_ack_pending = 0;
   expect_invalid(c, "max_ack_pending");
+  c = good;
+  c.consumer_check_interval = 0ms;
+  expect_invalid(c, "consumer_check_interval");
 }
 
 TEST(NatsAckReplyTest, ReadsSequenceAndDeliveriesFromBothForms) {
@@ -470,6 +475,42 @@ TEST(NatsBrokerTest, OneSubjectOfAWiderStreamIsFiltered) {
   ASSERT_FALSE(b3.has_value());
   EXPECT_EQ(b3.error().code(), StatusCode::kFailedPrecondition) << b3.error().ToString();
   EXPECT_THAT(b3.error().message(), HasSubstr("subjects"));
+}
+
+TEST(NatsBrokerTest, DurableDeletedBehindItsBackIsCreatedAgain) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto c = n.Config(url);
+  c.consumer_check_interval = 500ms;
+  auto b = Open(c);
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(b && p);
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "1").has_value());
+  ASSERT_EQ(PollN(*b, 1, 5s).size(), 1u);
+  {
+    // Delete the durable with a plain JetStream context.
+    natsConnection* nc = nullptr;
+    ASSERT_EQ(natsConnection_ConnectTo(&nc, url.c_str()), NATS_OK);
+    jsCtx* js = nullptr;
+    ASSERT_EQ(natsConnection_JetStream(&js, nc, nullptr), NATS_OK);
+    EXPECT_EQ(js_DeleteConsumer(js, n.stream.c_str(), n.durable.c_str(), nullptr, nullptr),
+              NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+  }
+  // Idle polls notice within consumer_check_interval and create it again; deliver-all reads
+  // from the start.
+  std::vector<BrokerMessage> got;
+  const auto deleted = SteadyClock::now();
+  while (got.empty() && SteadyClock::now() < deleted + 10s) {
+    auto r = b->Poll(10, 200ms);
+    if (!r) continue;
+    for (auto& m : *r) got.push_back(std::move(m));
+  }
+  EXPECT_LT(SteadyClock::now() - deleted, 3s);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "1");
+  EXPECT_TRUE(b->Acknowledge(Ptrs(got)).ok());
 }
 
 TEST(NatsBrokerTest, PublishToNoStreamFails) {
