@@ -150,15 +150,15 @@ struct ConsumerOptions {
   std::chrono::milliseconds lease{30'000};
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::chrono::milliseconds failure_retention{24 * 3600 * 1000};  // dead-lettered keys
-  std::uint32_t max_attempts = 5;  // handler runs per key (takeovers count) before the DLQ
-  std::chrono::milliseconds backoff{100};       // first retry delay; doubles each retry
+  std::uint32_t max_attempts = 5;          // handler runs per key (takeovers count) before the DLQ
+  std::chrono::milliseconds backoff{100};  // first retry delay; doubles each retry
   std::chrono::milliseconds max_backoff{10'000};
   double jitter = 0.5;  // each delay is scaled by a random factor in [1 - jitter, 1]
   std::chrono::milliseconds busy_timeout{0};  // 0: lease + 1 s
-  Clock* clock = nullptr;         // nullptr: Clock::System()
-  Registry* registry = nullptr;   // nullptr: not counted
-  // Sleeps between retries; nullptr: std::this_thread::sleep_for, cut short by Stop().
-  std::function<void(std::chrono::milliseconds)> sleep{};
+  // Time and waits (backoff, Busy). nullptr: the system clock, and waits that Stop() cuts
+  // short; a fake clock's SleepFor lets tests run retries without sleeping.
+  Clock* clock = nullptr;
+  Registry* registry = nullptr;  // nullptr: not counted
 };
 
 // What one consumer did since it started (also in its metrics).

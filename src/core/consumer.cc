@@ -1,7 +1,36 @@
-// The consumer core (include/idem/consumer.h). Placeholder until the core lands.
+// The consumer core (include/idem/consumer.h): one poll-begin-handle-complete-acknowledge round
+// over any Broker, with per-partition order, retries, Busy waits and the dead-letter channel.
 #include "idem/consumer.h"
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/receiver_parts.h"
+
 namespace idem {
+
+using std::chrono::milliseconds;
+
+std::string_view VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kSuccess:
+      return "success";
+    case Verdict::kRetryable:
+      return "retryable";
+    case Verdict::kPermanent:
+      return "permanent";
+  }
+  return "unknown";
+}
 
 std::vector<std::pair<std::string, std::string>> DeadLetterHeaders(const BrokerMessage& message,
                                                                    const DeadLetterInfo& info) {
@@ -14,6 +43,606 @@ std::vector<std::pair<std::string, std::string>> DeadLetterHeaders(const BrokerM
   return headers;
 }
 
-Status Broker::Touch(std::span<const BrokerMessage* const>) { return {}; }
+Status Broker::Touch(std::span<const BrokerMessage* const>) { return OkStatus(); }
+
+namespace {
+
+// The consumer's own counters, next to the standard idem_* metrics of its scope.
+struct ConsumerMetrics {
+  ConsumerMetrics(Registry& r, const std::string& name) {
+    auto messages = [&](std::string_view result) {
+      return &r.AddCounter("idem_consumer_messages_total",
+                           "Messages a consumer settled or handed back, by result",
+                           {{"consumer", name}, {"result", std::string(result)}});
+    };
+    received = &r.AddCounter("idem_consumer_received_total", "Messages polled from the broker",
+                             {{"consumer", name}});
+    executed = messages("executed");
+    replayed = messages("replayed");
+    dead_lettered = messages("dead_lettered");
+    redelivered = messages("redelivered");
+    poison = &r.AddCounter("idem_consumer_poison_total",
+                           "Messages dead-lettered because they had no usable key or payload",
+                           {{"consumer", name}});
+    retries = &r.AddCounter("idem_consumer_retries_total", "Handler runs after a retryable failure",
+                            {{"consumer", name}});
+    broker_errors = &r.AddCounter("idem_consumer_broker_errors_total",
+                                  "Failed poll, acknowledge, redeliver or dead-letter calls",
+                                  {{"consumer", name}});
+    batches = &r.AddCounter("idem_consumer_batches_total", "Non-empty batches processed",
+                            {{"consumer", name}});
+  }
+  Counter* received;
+  Counter* executed;
+  Counter* replayed;
+  Counter* dead_lettered;
+  Counter* redelivered;
+  Counter* poison;
+  Counter* retries;
+  Counter* broker_errors;
+  Counter* batches;
+};
+
+// What happened to one message of a batch.
+enum class Fate : std::uint8_t {
+  kOpen,        // not decided yet
+  kSettled,     // may be acknowledged (once its completion, if any, is stored)
+  kHandedBack,  // must be delivered again
+};
+
+struct Item {
+  const BrokerMessage* message = nullptr;
+  std::string key{};
+  std::optional<Fingerprint> fingerprint{};
+  std::string poison_reason{};  // non-empty: dead-letter without a key
+  std::string poison_error{};
+  int first = -1;                      // index of the earlier item of this batch with the same key
+  int begin_index = -1;                // into the batch's begin requests and answers
+  std::optional<Acquired> acquired{};  // held by this consumer, not completed yet
+  bool executed = false;               // the handler ran (or the DLQ got it): complete it
+  int complete_index = -1;             // into the batch's completions
+  Fate fate = Fate::kOpen;
+};
+
+struct Completion {
+  std::size_t item = 0;
+  Outcome outcome = Outcome::kSuccess;
+  std::string response{};
+};
+
+}  // namespace
+
+struct Consumer::Impl {
+  Impl(Store& s, Broker& b, MessageHandler h, ConsumerOptions o)
+      : store(s),
+        broker(b),
+        handler(std::move(h)),
+        options(std::move(o)),
+        clock(options.clock != nullptr ? *options.clock : Clock::System()),
+        keys(s, ReceiverOptions{.scope = options.scope,
+                                .fingerprint = options.fingerprint,
+                                .key_source = options.key_source,
+                                .max_key_bytes = options.max_key_bytes,
+                                .clock = &clock}),
+        rng(std::random_device{}()) {
+    if (options.busy_timeout.count() <= 0)
+      options.busy_timeout = options.lease + milliseconds(1000);
+    if (options.batch_size == 0) options.batch_size = 1;
+    if (options.max_attempts == 0) options.max_attempts = 1;
+    options.jitter = std::clamp(options.jitter, 0.0, 1.0);
+    if (options.registry != nullptr) {
+      metrics.emplace(*options.registry, options.scope);
+      own.emplace(*options.registry, options.name);
+    }
+  }
+
+  Store& store;
+  Broker& broker;
+  MessageHandler handler;
+  ConsumerOptions options;
+  Clock& clock;
+  Receiver keys;  // key extraction and validation only, exactly as the receiver does it
+  std::optional<Metrics> metrics;
+  std::optional<ConsumerMetrics> own;
+  std::mt19937_64 rng;
+
+  std::atomic<bool> stop{false};
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+
+  mutable std::mutex counts_mu;
+  ConsumerCounts counts;
+
+  // ---- helpers ----
+
+  void Count(std::uint64_t ConsumerCounts::*field, Counter* ConsumerMetrics::*counter,
+             std::uint64_t n = 1) {
+    if (n == 0) return;
+    {
+      std::lock_guard lock(counts_mu);
+      counts.*field += n;
+    }
+    if (own) (*own.*counter)->Inc(n);
+  }
+
+  void CountStoreError() {
+    if (metrics) metrics->store_errors->Inc();
+    std::lock_guard lock(counts_mu);
+    ++counts.store_errors;
+  }
+
+  // Sleeps `d` (cut short by Stop() on the system clock).
+  void Sleep(milliseconds d) {
+    if (d.count() <= 0) return;
+    if (options.clock != nullptr) {
+      options.clock->SleepFor(d);
+      return;
+    }
+    std::unique_lock lock(stop_mu);
+    stop_cv.wait_for(lock, d, [&] { return stop.load(); });
+  }
+
+  // The delay before retry number `n` (1, 2, ...): backoff * 2^(n-1), capped, with jitter.
+  milliseconds Backoff(std::uint32_t n) {
+    double d = static_cast<double>(options.backoff.count());
+    for (std::uint32_t i = 1; i < n && d < static_cast<double>(options.max_backoff.count()); ++i) {
+      d *= 2;
+    }
+    d = std::min(d, static_cast<double>(options.max_backoff.count()));
+    std::uniform_real_distribution<double> factor(1.0 - options.jitter, 1.0);
+    return milliseconds(static_cast<std::int64_t>(d * factor(rng)));
+  }
+
+  Result<BeginAnswer> BeginOne(const Item& item) {
+    BeginRequest req{.scope = options.scope,
+                     .key = item.key,
+                     .fingerprint = item.fingerprint,
+                     .lease = options.lease};
+    return core::TimedBegin(store, req, metrics ? &*metrics : nullptr);
+  }
+
+  // Takes the key, fingerprint or poison reason of a message.
+  void Classify(Item& item) {
+    const BrokerMessage& m = *item.message;
+    std::vector<Header> headers;
+    headers.reserve(m.headers.size());
+    for (const auto& [name, value] : m.headers) headers.emplace_back(name, value);
+    Message msg{.payload = m.payload, .headers = headers};
+    auto fp = core::FingerprintFor(options.fingerprint, m.payload);
+    if (!fp) {
+      item.poison_reason = "bad_payload";
+      item.poison_error = fp.error().message();
+      return;
+    }
+    item.fingerprint = *fp;
+    auto key = keys.KeyOf(msg);
+    if (!key) {
+      const std::string& text = key.error().message();
+      item.poison_reason =
+          text.find("no idempotency key") != std::string::npos ? "no_key" : "bad_key";
+      item.poison_error = text;
+      return;
+    }
+    item.key = std::move(*key);
+  }
+
+  // Publishes to the DLQ; false (counted) when the broker did not confirm.
+  bool DeadLetter(const Item& item, std::string_view reason, std::uint32_t attempts,
+                  std::string_view error) {
+    DeadLetterInfo info{
+        .reason = reason, .attempts = attempts, .last_error = error, .key = item.key};
+    Status s = broker.DeadLetter(*item.message, info);
+    if (!s.ok()) {
+      Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
+      return false;
+    }
+    if (metrics) metrics->dlq_sends->Inc();
+    Count(&ConsumerCounts::dead_lettered, &ConsumerMetrics::dead_lettered);
+    return true;
+  }
+
+  // Runs the handler of an Acquired item with retries; records what to complete. False when
+  // the item could not be settled (dead-letter publish failed, or stopping): the caller hands it
+  // back.
+  bool Execute(std::vector<Item>& items, std::size_t index, std::vector<Completion>& completions,
+               Timestamp& leases_from) {
+    Item& item = items[index];
+    const Acquired acquired = *item.acquired;
+    std::uint32_t attempt = acquired.attempt;
+    std::uint32_t retry = 0;
+    for (;;) {
+      ExtendIfDue(items, leases_from);
+      HandlerContext ctx{.scope = options.scope,
+                         .key = item.key,
+                         .attempt = attempt,
+                         .token = acquired.token,
+                         .payload = item.message->payload};
+      HandlerVerdict verdict;
+      core::Stopwatch sw;
+      try {
+        verdict = handler(ctx, *item.message);
+      } catch (const std::exception& e) {
+        verdict = {Verdict::kRetryable, std::string("handler threw: ") + e.what()};
+      } catch (...) {
+        verdict = {Verdict::kRetryable, "handler threw a non-standard exception"};
+      }
+      if (metrics) metrics->handler_seconds->ObserveDuration(sw.Elapsed());
+
+      if (verdict.verdict == Verdict::kSuccess) {
+        completions.push_back({index, Outcome::kSuccess, std::move(verdict.detail)});
+        item.executed = true;
+        return true;
+      }
+      std::string_view reason;
+      if (verdict.verdict == Verdict::kPermanent) {
+        reason = "permanent";
+      } else if (attempt >= options.max_attempts) {
+        reason = "attempts_exhausted";
+      }
+      if (!reason.empty()) {
+        if (!DeadLetter(item, reason, attempt, verdict.detail)) return false;
+        completions.push_back({index, Outcome::kFailure,
+                               "dead-lettered: " + std::string(reason) + ": " + verdict.detail});
+        item.executed = true;
+        return true;
+      }
+      if (stop.load()) return false;
+      ++retry;
+      Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
+      const BrokerMessage* touch[] = {item.message};
+      (void)broker.Touch(touch);
+      Sleep(Backoff(retry));
+      ++attempt;
+    }
+  }
+
+  // Leases of the keys this batch holds are pushed forward when half of the lease is gone, so
+  // a long batch (retries) does not lose them to another worker.
+  void ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
+    const Timestamp now = clock.Now();
+    if (now - leases_from < options.lease / 2) return;
+    for (Item& item : items) {
+      if (!item.acquired) continue;
+      auto r = store.Extend(options.scope, item.key, item.acquired->token, options.lease);
+      if (!r && metrics) metrics->store_errors->Inc();
+      if (r && *r == WriteAnswer::kLeaseLost && metrics) metrics->lease_lost->Inc();
+    }
+    std::vector<const BrokerMessage*> open;
+    for (const Item& item : items) {
+      if (item.fate == Fate::kOpen) open.push_back(item.message);
+    }
+    (void)broker.Touch(open);
+    leases_from = now;
+  }
+
+  // Begins again, with backoff, a key another worker holds, until it is decided or busy_timeout
+  // passes (then nullopt).
+  std::optional<Result<BeginAnswer>> WaitWhileBusy(const Item& item, Timestamp lease_deadline) {
+    const Timestamp until = clock.Now() + options.busy_timeout;
+    std::uint32_t n = 0;
+    while (!stop.load()) {
+      const Timestamp now = clock.Now();
+      if (now >= until) break;
+      milliseconds d = Backoff(++n);
+      if (lease_deadline > now)
+        d = std::min(
+            d, std::chrono::duration_cast<milliseconds>(lease_deadline - now + milliseconds(5)));
+      d = std::min(d, std::chrono::duration_cast<milliseconds>(until - now));
+      Sleep(std::max(d, milliseconds(1)));
+      auto answer = BeginOne(item);
+      if (!answer) return answer;
+      if (const auto* busy = std::get_if<Busy>(&*answer)) {
+        lease_deadline = busy->lease_deadline;
+        continue;
+      }
+      return answer;
+    }
+    return std::nullopt;
+  }
+
+  Result<std::size_t> RunOnce() {
+    auto polled = broker.Poll(options.batch_size, options.poll_wait);
+    if (!polled) {
+      Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
+      return polled.error();
+    }
+    std::vector<BrokerMessage>& batch = *polled;
+    if (batch.empty()) return std::size_t{0};
+    Count(&ConsumerCounts::received, &ConsumerMetrics::received, batch.size());
+    if (own) own->batches->Inc();
+
+    // Keys, in-batch duplicates, one BeginBatch.
+    std::vector<Item> items(batch.size());
+    std::unordered_map<std::string_view, int> first_of;
+    std::vector<BeginRequest> requests;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      Item& item = items[i];
+      item.message = &batch[i];
+      Classify(item);
+    }
+    first_of.reserve(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      Item& item = items[i];
+      if (!item.poison_reason.empty()) continue;
+      auto [it, inserted] = first_of.try_emplace(item.key, static_cast<int>(i));
+      if (!inserted) {
+        item.first = it->second;
+        continue;
+      }
+      item.begin_index = static_cast<int>(requests.size());
+      requests.push_back({.scope = options.scope,
+                          .key = item.key,
+                          .fingerprint = item.fingerprint,
+                          .lease = options.lease});
+    }
+    std::vector<Result<BeginAnswer>> answers;
+    if (!requests.empty()) {
+      core::Stopwatch sw;
+      answers = store.BeginBatch(requests);
+      if (metrics) {
+        metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
+        for (const auto& a : answers) CountBegin(*metrics, a);
+      }
+    }
+    for (Item& item : items) {
+      if (item.begin_index < 0) continue;
+      const auto& a = answers[static_cast<std::size_t>(item.begin_index)];
+      if (a && std::holds_alternative<Acquired>(*a)) item.acquired = std::get<Acquired>(*a);
+    }
+    Timestamp leases_from = clock.Now();
+
+    // Partitions in order of first appearance; each one's messages in broker order.
+    std::vector<std::string_view> partitions;
+    std::unordered_map<std::string_view, std::vector<std::size_t>> by_partition;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      auto [it, inserted] = by_partition.try_emplace(items[i].message->partition);
+      if (inserted) partitions.push_back(it->first);
+      it->second.push_back(i);
+    }
+
+    bool store_failed = false;
+    bool broker_failed = false;
+    milliseconds handback_delay{0};
+    std::vector<Completion> completions;
+    for (std::string_view partition : partitions) {
+      bool stopped = false;
+      for (std::size_t i : by_partition[partition]) {
+        Item& item = items[i];
+        if (stopped || stop.load()) {
+          item.fate = Fate::kHandedBack;
+          stopped = true;
+          continue;
+        }
+        if (!Settle(items, i, answers, completions, leases_from, store_failed, broker_failed,
+                    handback_delay)) {
+          item.fate = Fate::kHandedBack;
+          stopped = true;
+        }
+      }
+    }
+
+    StoreCompletions(items, completions, store_failed);
+    return Finish(items, store_failed, broker_failed, handback_delay);
+  }
+
+  // Decides one message. False: hand it (and the rest of its partition) back.
+  bool Settle(std::vector<Item>& items, std::size_t i, std::vector<Result<BeginAnswer>>& answers,
+              std::vector<Completion>& completions, Timestamp& leases_from, bool& store_failed,
+              bool& broker_failed, milliseconds& handback_delay) {
+    Item& item = items[i];
+    if (!item.poison_reason.empty()) {
+      if (!DeadLetter(item, item.poison_reason, 0, item.poison_error)) {
+        broker_failed = true;
+        return false;
+      }
+      Count(&ConsumerCounts::poison, &ConsumerMetrics::poison);
+      item.fate = Fate::kSettled;
+      return true;
+    }
+    if (item.first >= 0) {
+      // Decided after the batch's completions, by its first occurrence (Finish).
+      return true;
+    }
+    Result<BeginAnswer> answer = std::move(answers[static_cast<std::size_t>(item.begin_index)]);
+    if (answer) {
+      if (const auto* busy = std::get_if<Busy>(&*answer)) {
+        auto decided = WaitWhileBusy(item, busy->lease_deadline);
+        if (!decided) {
+          handback_delay = std::max(handback_delay, options.backoff);
+          return false;
+        }
+        answer = std::move(*decided);
+      }
+    }
+    if (!answer) {
+      CountStoreError();
+      store_failed = true;
+      return false;
+    }
+    return std::visit(
+        [&](const auto& a) -> bool {
+          using T = std::decay_t<decltype(a)>;
+          if constexpr (std::is_same_v<T, Acquired>) {
+            item.acquired = a;
+            if (!Execute(items, i, completions, leases_from)) {
+              broker_failed = broker_failed || !stop.load();
+              return false;
+            }
+            item.fate = Fate::kSettled;
+            return true;
+          } else if constexpr (std::is_same_v<T, Conflict>) {
+            if (!DeadLetter(item, "conflict", 0,
+                            "the key was used before for a message with another payload")) {
+              broker_failed = true;
+              return false;
+            }
+            item.fate = Fate::kSettled;
+            return true;
+          } else if constexpr (std::is_same_v<T, Busy>) {
+            return false;  // WaitWhileBusy only returns other answers
+          } else {
+            // Replay (or Stale, which plain keys never answer): settled without the handler.
+            Count(&ConsumerCounts::replayed, &ConsumerMetrics::replayed);
+            item.fate = Fate::kSettled;
+            return true;
+          }
+        },
+        *answer);
+  }
+
+  // One CompleteBatch for every key the handler (or the DLQ) finished, retried a few times
+  // for the ones the store could not answer; those are handed back, still IN_PROGRESS.
+  void StoreCompletions(std::vector<Item>& items, const std::vector<Completion>& completions,
+                        bool& store_failed) {
+    std::vector<std::size_t> pending(completions.size());
+    for (std::size_t c = 0; c < completions.size(); ++c) pending[c] = c;
+    constexpr int kTries = 3;
+    for (int round = 0; round < kTries && !pending.empty(); ++round) {
+      if (round > 0) Sleep(Backoff(static_cast<std::uint32_t>(round)));
+      std::vector<CompleteRequest> reqs;
+      reqs.reserve(pending.size());
+      for (std::size_t c : pending) {
+        const Completion& done = completions[c];
+        const Item& item = items[done.item];
+        reqs.push_back({.scope = options.scope,
+                        .key = item.key,
+                        .token = item.acquired->token,
+                        .outcome = done.outcome,
+                        .response = done.response,
+                        .retention = done.outcome == Outcome::kSuccess
+                                         ? options.retention
+                                         : options.failure_retention});
+      }
+      core::Stopwatch sw;
+      auto results = store.CompleteBatch(reqs);
+      if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
+      std::vector<std::size_t> again;
+      for (std::size_t r = 0; r < results.size(); ++r) {
+        const std::size_t c = pending[r];
+        Item& item = items[completions[c].item];
+        if (!results[r]) {
+          again.push_back(c);
+          continue;
+        }
+        if (*results[r] == WriteAnswer::kLeaseLost) {
+          // The effect happened; a newer worker owns the key's outcome now.
+          if (metrics) metrics->lease_lost->Inc();
+        } else if (metrics) {
+          (completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
+                                                       : metrics->complete_failure)
+              ->Inc();
+        }
+        if (completions[c].outcome == Outcome::kSuccess) {
+          Count(&ConsumerCounts::executed, &ConsumerMetrics::executed);
+        }
+        item.acquired.reset();
+      }
+      pending = std::move(again);
+    }
+    for (std::size_t c : pending) {
+      CountStoreError();
+      items[completions[c].item].fate = Fate::kHandedBack;
+      store_failed = true;
+    }
+  }
+
+  // Acknowledges, per partition, the settled messages before the first one that is not; hands
+  // back that one and the rest of its partition; releases keys acquired but never run.
+  Result<std::size_t> Finish(std::vector<Item>& items, bool store_failed, bool broker_failed,
+                             milliseconds handback_delay) {
+    // An in-batch duplicate follows its first occurrence.
+    for (Item& item : items) {
+      if (item.first < 0) continue;
+      const Item& first = items[static_cast<std::size_t>(item.first)];
+      if (first.fate == Fate::kSettled && !first.acquired) {
+        item.fate = Fate::kSettled;
+        Count(&ConsumerCounts::replayed, &ConsumerMetrics::replayed);
+      } else {
+        item.fate = Fate::kHandedBack;
+      }
+    }
+    std::vector<const BrokerMessage*> ack;
+    std::unordered_map<std::string_view, std::vector<const BrokerMessage*>> back;
+    std::vector<std::string_view> back_order;
+    std::unordered_map<std::string_view, bool> cut;
+    for (Item& item : items) {
+      const std::string_view partition = item.message->partition;
+      bool& partition_cut = cut[partition];
+      if (!partition_cut && item.fate != Fate::kSettled) partition_cut = true;
+      if (partition_cut) {
+        auto [it, inserted] = back.try_emplace(partition);
+        if (inserted) back_order.push_back(partition);
+        it->second.push_back(item.message);
+      } else {
+        ack.push_back(item.message);
+      }
+      // A key this batch acquired but did not run: free it so the redelivery runs at once.
+      if (item.acquired && !item.executed) {
+        auto r = store.Release(options.scope, item.key, item.acquired->token);
+        if (r && *r == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
+        item.acquired.reset();
+      }
+    }
+    if (store_failed) handback_delay = std::max(handback_delay, options.backoff);
+    std::size_t handed_back = 0;
+    for (std::string_view partition : back_order) {
+      const auto& msgs = back[partition];
+      handed_back += msgs.size();
+      if (!broker.Redeliver(msgs, handback_delay).ok()) {
+        Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
+        broker_failed = true;
+      }
+    }
+    Count(&ConsumerCounts::redelivered, &ConsumerMetrics::redelivered, handed_back);
+    if (!ack.empty() && !broker.Acknowledge(ack).ok()) {
+      // Not lost: the broker delivers them again and the store answers Replay.
+      Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
+      broker_failed = true;
+    }
+    if (store_failed) return UnavailableError("consumer " + options.name + ": the store failed");
+    if (broker_failed && !stop.load()) {
+      return UnavailableError("consumer " + options.name + ": the broker failed");
+    }
+    return items.size();
+  }
+
+  void Run() {
+    std::uint32_t failures = 0;
+    while (!stop.load()) {
+      auto r = RunOnce();
+      if (r) {
+        failures = 0;
+        continue;
+      }
+      Sleep(Backoff(++failures));
+    }
+  }
+};
+
+Consumer::Consumer(Store& store, Broker& broker, MessageHandler handler, ConsumerOptions options)
+    : impl_(std::make_unique<Impl>(store, broker, std::move(handler), std::move(options))) {}
+
+Consumer::~Consumer() = default;
+
+Result<std::size_t> Consumer::RunOnce() { return impl_->RunOnce(); }
+
+void Consumer::Run() { impl_->Run(); }
+
+void Consumer::Stop() {
+  {
+    std::lock_guard lock(impl_->stop_mu);
+    impl_->stop.store(true);
+  }
+  impl_->stop_cv.notify_all();
+}
+
+bool Consumer::stopping() const { return impl_->stop.load(); }
+
+ConsumerCounts Consumer::counts() const {
+  std::lock_guard lock(impl_->counts_mu);
+  return impl_->counts;
+}
+
+const ConsumerOptions& Consumer::options() const { return impl_->options; }
 
 }  // namespace idem

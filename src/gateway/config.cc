@@ -12,10 +12,11 @@
 #include <utility>
 #include <variant>
 
+#include "gateway/config_values.h"
 #include "idem/stores/log.h"
 
 namespace idem::gateway {
-namespace {
+namespace config_detail {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -810,7 +811,9 @@ const Route& DefaultRoute() {
   return route;
 }
 
-}  // namespace
+}  // namespace config_detail
+
+using namespace config_detail;  // NOLINT: this file is config_detail's home
 
 Result<Endpoint> ParseEndpoint(std::string_view text) {
   const auto bad = [&](std::string_view why) {

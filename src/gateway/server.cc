@@ -37,6 +37,8 @@
 #include <variant>
 #include <vector>
 
+#include "gateway/admin.h"
+#include "gateway/asio_parts.h"
 #include "gateway/rules.h"
 #include "idem/receiver.h"
 
@@ -57,7 +59,6 @@ constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
 constexpr std::size_t kMaxUpstreamBody = std::size_t{1} << 30;
 constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
 constexpr std::string_view kAttemptHeader = "Idempotency-Attempt";
-constexpr std::string_view kReadyProbeScope = "idemd.readyz";
 
 // ---- text (Debian's abseil has its own string_view, so std only here) ----
 
@@ -203,18 +204,7 @@ struct UpstreamTarget {
 };
 
 // The first address `host` names (an IP literal or a name), for `port`.
-Result<tcp::endpoint> Resolve(const std::string& host, std::uint16_t port) {
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (!ec) return tcp::endpoint(address, port);
-  asio::io_context io;
-  tcp::resolver resolver(io);
-  auto results = resolver.resolve(host, std::to_string(port), ec);
-  if (ec || results.empty()) {
-    return InvalidArgumentError(Cat("cannot resolve '", host, "': ", ec.message()));
-  }
-  return results.begin()->endpoint();
-}
+using asio_parts::Resolve;
 
 Result<UpstreamTarget> ResolveUpstream(std::string_view url) {
   auto parsed = ParseUpstreamUrl(url);
@@ -552,9 +542,7 @@ struct Server::Impl {
   GatewayMetrics metrics;
   std::unique_ptr<asio::thread_pool> store_pool;  // null: store calls run inline
   std::vector<std::unique_ptr<Worker>> workers;
-  asio::io_context admin_io{1};
-  std::optional<tcp::acceptor> admin_acceptor;
-  std::thread admin_thread;
+  std::unique_ptr<AdminServer> admin;
   Endpoint bound{}, admin_bound{};
   std::atomic<bool> draining{false};
   std::atomic<int> busy_requests{0};
@@ -954,75 +942,7 @@ struct Server::Impl {
     }
   }
 
-  // ---- admin ----
-
-  awaitable<void> AdminSession(tcp::socket socket) {
-    beast::tcp_stream stream(std::move(socket));
-    beast::flat_buffer buffer;
-    for (;;) {
-      Request req;
-      stream.expires_after(std::chrono::seconds(30));
-      auto [ec, n] = co_await http::async_read(stream, buffer, req, kNoThrow);
-      if (ec) break;
-      Response res{http::status::ok, req.version()};
-      res.set(http::field::content_type, "text/plain; charset=utf-8");
-      const std::string_view target(req.target());
-      if (target == "/metrics") {
-        res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-        res.body() = registry.RenderPrometheus();
-      } else if (target == "/healthz") {
-        res.body() = "ok\n";
-      } else if (target == "/readyz") {
-        // Ready when the store answers a read. Runs here, on the admin thread.
-        auto probe = store.Get(kReadyProbeScope, "probe");
-        if (probe) {
-          res.body() = draining ? "draining\n" : "ready\n";
-          if (draining) res.result(http::status::service_unavailable);
-        } else {
-          res.result(http::status::service_unavailable);
-          res.body() = Cat("store unavailable: ", probe.error().ToString(), "\n");
-        }
-      } else {
-        res.result(http::status::not_found);
-        res.body() = "not found: try /metrics, /healthz or /readyz\n";
-      }
-      res.keep_alive(req.keep_alive());
-      res.prepare_payload();
-      auto [wec, wn] = co_await http::async_write(stream, res, kNoThrow);
-      if (wec || !req.keep_alive()) break;
-    }
-    boost::system::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  }
-
-  awaitable<void> AdminAccept() {
-    for (;;) {
-      auto [ec, socket] = co_await admin_acceptor->async_accept(kNoThrow);
-      if (ec == asio::error::operation_aborted || !admin_acceptor->is_open()) co_return;
-      if (ec) continue;
-      asio::co_spawn(admin_io, AdminSession(std::move(socket)), asio::detached);
-    }
-  }
-
   // ---- lifecycle ----
-
-  Result<tcp::endpoint> Bind(tcp::acceptor& acceptor, const Endpoint& at, bool reuse_port) {
-    auto resolved = Resolve(at.host, at.port);
-    if (!resolved) return resolved.error();
-    const tcp::endpoint& endpoint = *resolved;
-    boost::system::error_code ec;
-    acceptor.open(endpoint.protocol(), ec);
-    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec && reuse_port) {
-      acceptor.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true), ec);
-    }
-    if (!ec) acceptor.bind(endpoint, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      return UnavailableError(Cat("cannot listen on ", at.host, ":", at.port, ": ", ec.message()));
-    }
-    return acceptor.local_endpoint();
-  }
 
   Status Start() {
     std::size_t threads = config.threads;
@@ -1036,7 +956,7 @@ struct Server::Impl {
     for (std::size_t i = 0; i < threads; ++i) {
       auto w = std::make_unique<Worker>();
       w->acceptor.emplace(w->io);
-      auto bound_at = Bind(*w->acceptor, listen_at, true);
+      auto bound_at = asio_parts::Bind(*w->acceptor, listen_at, true);
       if (!bound_at) return bound_at.error();
       if (i == 0) {
         listen_at.port = bound_at->port();  // port 0: every thread binds the one it got
@@ -1049,18 +969,20 @@ struct Server::Impl {
       }
       workers.push_back(std::move(w));
     }
-    admin_acceptor.emplace(admin_io);
-    auto admin_at = Bind(*admin_acceptor, config.admin, false);
-    if (!admin_at) return admin_at.error();
-    admin_bound = Endpoint{admin_at->address().to_string(), admin_at->port()};
+    auto admin_server = AdminServer::Start(config.admin, registry, [this]() -> Status {
+      IDEM_RETURN_IF_ERROR(StoreReady(store));
+      if (draining) return UnavailableError("draining");
+      return OkStatus();
+    });
+    if (!admin_server) return admin_server.error();
+    admin = std::move(*admin_server);
+    admin_bound = admin->bound();
 
     for (auto& w : workers) {
       asio::co_spawn(w->io, Accept(*w), asio::detached);
       Worker* raw = w.get();
       w->thread = std::thread([raw] { raw->io.run(); });
     }
-    asio::co_spawn(admin_io, AdminAccept(), asio::detached);
-    admin_thread = std::thread([this] { admin_io.run(); });
     log.Write(Level::kInfo, Cat("event=started listen=", bound.host, ":", bound.port, " admin=",
                                 admin_bound.host, ":", admin_bound.port, " threads=", threads,
                                 " store=", store.Name(), " upstream=", config.upstream));
@@ -1100,8 +1022,7 @@ struct Server::Impl {
       for (auto& w : workers) {
         if (w->thread.joinable()) w->thread.join();
       }
-      admin_io.stop();
-      if (admin_thread.joinable()) admin_thread.join();
+      if (admin) admin->Stop();
       if (store_pool) store_pool->join();
       log.Write(Level::kInfo, "event=stopped");
     });

@@ -1,0 +1,216 @@
+// idemd consume's configuration: every option read, defaults, and errors that name the file,
+// line and option.
+#include "consume/config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace idem::consume {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr std::string_view kMinimal = R"(
+[[consumer]]
+name = "payments"
+broker = "kafka"
+url = "127.0.0.1:9092"
+topics = ["payments"]
+group = "billing"
+dlq = "payments.dlq"
+handler = "http://127.0.0.1:9000/charges"
+)";
+
+std::string ErrorOf(std::string_view toml) {
+  auto c = ParseConsumeConfig(toml, "c.toml");
+  if (c) return "<parsed>";
+  return c.error().message();
+}
+
+TEST(ConsumeConfigTest, MinimalKafkaConsumerGetsTheDefaults) {
+  auto c = ParseConsumeConfig(kMinimal, "c.toml");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  EXPECT_EQ(c->store, "log:./idemd-consume-data");
+  EXPECT_EQ(c->admin.port, 9091);
+  ASSERT_EQ(c->consumers.size(), 1u);
+  const ConsumerConfig& k = c->consumers[0];
+  EXPECT_EQ(k.broker, BrokerKind::kKafka);
+  EXPECT_EQ(k.scope, "payments");
+  EXPECT_EQ(k.consumer_name, "payments");
+  EXPECT_EQ(k.key.kind, KeySource::Kind::kHeader);
+  EXPECT_EQ(k.key.name, "Idempotency-Key");
+  EXPECT_EQ(k.batch, 256u);
+  EXPECT_EQ(k.max_attempts, 5u);
+  EXPECT_EQ(k.lease, milliseconds(30'000));
+}
+
+TEST(ConsumeConfigTest, EveryOptionIsRead) {
+  auto c = ParseConsumeConfig(R"(
+store = "memory:"
+admin = "127.0.0.1:0"
+log_level = "warn"
+
+[[consumer]]
+name = "orders"
+broker = "nats"
+url = "nats://127.0.0.1:4222"
+stream = "ORDERS"
+topics = ["orders.>"]
+group = "idem-orders"
+dlq = "orders.dlq"
+ack_wait = "5s"
+handler = "http://127.0.0.1:9000/orders"
+handler_timeout = "2s"
+key_header = "X-Key"
+attempt_header = "X-Attempt"
+permanent_statuses = ["4xx", 501]
+forward_headers = ["traceparent"]
+scope = "orders-v2"
+key = "json:/order/id"
+fingerprint = "json"
+batch = 50
+poll_wait = "20ms"
+lease = "10s"
+retention = "1h"
+failure_retention = "2h"
+max_attempts = 7
+backoff = "50ms"
+max_backoff = "2s"
+busy_timeout = "3s"
+
+[[consumer]]
+name = "streams"
+broker = "redis"
+url = "redis://127.0.0.1:6379"
+topics = ["a", "b"]
+group = "g"
+dlq = "dead"
+consumer_name = "host-1"
+payload_field = "body"
+claim_idle = "1m"
+handler = "http://127.0.0.1:9000/"
+properties = { ignored = "only kafka reads these" }
+)",
+                              "c.toml");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  EXPECT_EQ(c->store, "memory:");
+  EXPECT_EQ(c->log_level, "warn");
+  ASSERT_EQ(c->consumers.size(), 2u);
+  const ConsumerConfig& n = c->consumers[0];
+  EXPECT_EQ(n.broker, BrokerKind::kNats);
+  EXPECT_EQ(n.stream, "ORDERS");
+  EXPECT_EQ(n.dlq_stream, "ORDERS_DLQ");
+  EXPECT_EQ(n.ack_wait, milliseconds(5000));
+  EXPECT_EQ(n.key_header, "X-Key");
+  EXPECT_EQ(n.attempt_header, "X-Attempt");
+  ASSERT_EQ(n.permanent_statuses.size(), 2u);
+  EXPECT_TRUE(n.permanent_statuses[0].Contains(429));
+  EXPECT_TRUE(n.permanent_statuses[1].Contains(501));
+  EXPECT_EQ(n.forward_headers, std::vector<std::string>{"traceparent"});
+  EXPECT_EQ(n.scope, "orders-v2");
+  EXPECT_EQ(n.key.kind, KeySource::Kind::kJsonPointer);
+  EXPECT_EQ(n.key.name, "/order/id");
+  EXPECT_EQ(n.fingerprint, FingerprintMode::kJson);
+  EXPECT_EQ(n.batch, 50u);
+  EXPECT_EQ(n.poll_wait, milliseconds(20));
+  EXPECT_EQ(n.retention, milliseconds(3'600'000));
+  EXPECT_EQ(n.failure_retention, milliseconds(7'200'000));
+  EXPECT_EQ(n.max_attempts, 7u);
+  EXPECT_EQ(n.backoff, milliseconds(50));
+  EXPECT_EQ(n.max_backoff, milliseconds(2000));
+  EXPECT_EQ(n.busy_timeout, milliseconds(3000));
+  const ConsumerConfig& r = c->consumers[1];
+  EXPECT_EQ(r.broker, BrokerKind::kRedis);
+  EXPECT_EQ(r.topics, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.consumer_name, "host-1");
+  EXPECT_EQ(r.payload_field, "body");
+  EXPECT_EQ(r.claim_idle, milliseconds(60'000));
+  ASSERT_EQ(r.properties.size(), 1u);
+}
+
+TEST(ConsumeConfigTest, KafkaPropertiesKeepTheirOrderAndTypes) {
+  auto c = ParseConsumeConfig(std::string(kMinimal) + R"(session_timeout = "3s"
+properties = { "fetch.wait.max.ms" = 10, "enable.partition.eof" = false, "client.rack" = "r1" }
+)",
+                              "c.toml");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  const auto& p = c->consumers[0].properties;
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0], (std::pair<std::string, std::string>{"fetch.wait.max.ms", "10"}));
+  EXPECT_EQ(p[1], (std::pair<std::string, std::string>{"enable.partition.eof", "false"}));
+  EXPECT_EQ(c->consumers[0].session_timeout, milliseconds(3000));
+}
+
+TEST(ConsumeConfigTest, ErrorsNameTheFileLineAndOption) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "batch = 0\n"),
+            "c.toml:10: consumer.batch: 0 is not within 1..100000");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "colour = \"red\"\n"),
+            "c.toml:10: consumer.colour: unknown option");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "key = \"body\"\n"),
+            "c.toml:10: consumer.key: \"body\" is not a key source (write \"header:NAME\", "
+            "\"json:/pointer\" or \"fingerprint\")");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "lease = \"5s\"\n"),
+            "c.toml:2: consumer.lease: 5s must be longer than handler_timeout (10s): a lease that "
+            "ends while the handler runs lets another worker run it again");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "permanent_statuses = [\"2xx\"]\n"),
+            "c.toml:10: consumer.permanent_statuses: a 1xx or 2xx status cannot be a failure");
+  EXPECT_EQ(ErrorOf("batch = 5\n" + std::string(kMinimal)),
+            "c.toml:1: batch: unknown option (consumer options go in a [[consumer]] table)");
+  EXPECT_EQ(ErrorOf("store = \"mysql://x\"\n" + std::string(kMinimal)).substr(0, 15),
+            "c.toml:1: store");
+  EXPECT_EQ(ErrorOf("store = \"memory:\"\n"), "c.toml: no [[consumer]] table: nothing to consume");
+  EXPECT_EQ(ErrorOf("[[consumer]\n").substr(0, 9), "c.toml:1:");
+  EXPECT_NE(ErrorOf("[[consumer]]\nname = \"x\"\nbroker = \"rabbit\"\n")
+                .find("\"rabbit\" is not a broker (kafka, nats or redis)"),
+            std::string::npos);
+  EXPECT_EQ(ErrorOf(R"([[consumer]]
+name = "x"
+broker = "redis"
+url = "redis://h:1"
+group = "g"
+handler = "http://h:1/"
+topics = ["s"]
+)"),
+            "c.toml:1: consumer.dlq: missing (poison and failing messages go there)");
+  EXPECT_EQ(ErrorOf(R"([[consumer]]
+name = "x"
+broker = "nats"
+url = "nats://h:1"
+group = "g"
+dlq = "d"
+handler = "http://h:1/"
+)"),
+            "c.toml:1: consumer.stream: missing (the JetStream stream)");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "\n" + std::string(kMinimal)),
+            "c.toml:12: consumer.name: \"payments\" is used by two consumers");
+  std::string https(kMinimal);
+  https.replace(https.find("http://"), 7, "https://");
+  EXPECT_NE(ErrorOf(https).find("c.toml:9: consumer.handler: \"https://127.0.0.1:9000/charges\": "
+                                "https is not supported"),
+            std::string::npos)
+      << ErrorOf(https);
+}
+
+TEST(ConsumeConfigTest, CommandLine) {
+  const char* help[] = {"consume", "--help"};
+  auto h = ParseConsumeCommandLine(2, help);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_FALSE(h->has_value());
+  const char* no_config[] = {"consume", "--store", "memory:"};
+  auto n = ParseConsumeCommandLine(3, no_config);
+  ASSERT_FALSE(n.has_value());
+  EXPECT_NE(n.error().message().find("--config FILE is required"), std::string::npos);
+  const char* unknown[] = {"consume", "--bogus", "1"};
+  auto u = ParseConsumeCommandLine(3, unknown);
+  ASSERT_FALSE(u.has_value());
+  EXPECT_EQ(u.error().message(), "--bogus: unknown flag; see --help");
+  const char* missing[] = {"consume", "--config", "/nonexistent/idemd.toml"};
+  auto m = ParseConsumeCommandLine(3, missing);
+  ASSERT_FALSE(m.has_value());
+  EXPECT_NE(m.error().message().find("/nonexistent/idemd.toml: cannot open"), std::string::npos);
+  EXPECT_NE(ConsumeHelpText().find("permanent_statuses"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace idem::consume

@@ -1,0 +1,154 @@
+#include "consume/http_handler.h"
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "gateway/asio_parts.h"
+
+namespace idem::consume {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr std::size_t kMaxResponseBody = 1 << 20;
+constexpr std::size_t kMaxErrorText = 512;
+
+bool NameEquals(std::string_view a, std::string_view b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) ==
+           std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+std::string Excerpt(std::string_view body) {
+  if (body.size() <= kMaxErrorText) return std::string(body);
+  return std::string(body.substr(0, kMaxErrorText)) + "...";
+}
+
+}  // namespace
+
+struct HttpHandler::Impl {
+  ConsumerConfig config;
+  std::string host_header;
+  std::string target;
+  tcp::endpoint endpoint;
+  asio::io_context io{1};
+  std::optional<beast::tcp_stream> stream;
+  beast::flat_buffer buffer;
+
+  // Runs the pending asynchronous operation to its end (or its stream's deadline).
+  void RunIo() {
+    io.restart();
+    io.run();
+  }
+
+  boost::system::error_code Connect() {
+    stream.emplace(io);
+    buffer.clear();
+    boost::system::error_code ec;
+    stream->expires_after(config.handler_timeout);
+    stream->async_connect(endpoint, [&](boost::system::error_code e) { ec = e; });
+    RunIo();
+    if (!ec) stream->socket().set_option(tcp::no_delay(true), ec);
+    if (ec) stream.reset();
+    return ec;
+  }
+
+  // One exchange on the current connection; `fresh` when it was just opened.
+  boost::system::error_code Exchange(http::request<http::string_body>& req,
+                                     http::response<http::string_body>& res) {
+    boost::system::error_code ec;
+    stream->expires_after(config.handler_timeout);
+    http::async_write(*stream, req, [&](boost::system::error_code e, std::size_t) { ec = e; });
+    RunIo();
+    if (ec) return ec;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxResponseBody);
+    http::async_read(*stream, buffer, parser,
+                     [&](boost::system::error_code e, std::size_t) { ec = e; });
+    RunIo();
+    if (!ec) res = parser.release();
+    return ec;
+  }
+
+  HandlerVerdict Handle(const HandlerContext& ctx, const BrokerMessage& m) {
+    http::request<http::string_body> req{http::verb::post, target, 11};
+    req.set(http::field::host, host_header);
+    req.set(http::field::content_type, "application/json");
+    for (const auto& [name, value] : m.headers) {
+      if (NameEquals(name, "content-type")) req.set(http::field::content_type, value);
+      for (const std::string& f : config.forward_headers) {
+        if (NameEquals(name, f)) req.insert(name, value);
+      }
+    }
+    req.set(config.key_header, ctx.key);
+    req.set(config.attempt_header, std::to_string(ctx.attempt));
+    req.keep_alive(true);
+    req.body() = m.payload;
+    req.prepare_payload();
+
+    http::response<http::string_body> res;
+    boost::system::error_code ec;
+    // A kept-alive connection the server closed meanwhile fails at once: reconnect and send
+    // once more (the key goes with it, so a handler that did see the first is not fooled).
+    for (int tries = 0; tries < 2; ++tries) {
+      const bool reused = stream.has_value();
+      if (!stream) {
+        ec = Connect();
+        if (ec) break;
+      }
+      ec = Exchange(req, res);
+      if (!ec) break;
+      stream.reset();
+      if (!reused || ec == beast::error::timeout) break;
+    }
+    if (ec) {
+      return {Verdict::kRetryable,
+              "handler " + config.handler + ": " +
+                  (ec == beast::error::timeout ? "no answer within the handler timeout"
+                                               : ec.message())};
+    }
+    if (!res.keep_alive()) stream.reset();
+    const unsigned status = res.result_int();
+    if (status >= 200 && status <= 299) {
+      return {Verdict::kSuccess, std::to_string(status) + " " + res.body()};
+    }
+    const bool permanent =
+        std::any_of(config.permanent_statuses.begin(), config.permanent_statuses.end(),
+                    [&](const gateway::StatusRange& r) { return r.Contains(status); });
+    return {permanent ? Verdict::kPermanent : Verdict::kRetryable,
+            "handler answered " + std::to_string(status) + ": " + Excerpt(res.body())};
+  }
+};
+
+Result<std::unique_ptr<HttpHandler>> HttpHandler::Open(const ConsumerConfig& config) {
+  auto url = gateway::ParseUpstreamUrl(config.handler);
+  if (!url) return InvalidArgumentError("handler: " + url.error().message());
+  auto endpoint = gateway::asio_parts::Resolve(url->endpoint.host, url->endpoint.port);
+  if (!endpoint) return InvalidArgumentError("handler: " + endpoint.error().message());
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  const std::string& host = url->endpoint.host;
+  const bool v6 = host.find(':') != std::string::npos;
+  impl->host_header = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(url->endpoint.port);
+  impl->target = url->base.empty() ? "/" : url->base;
+  impl->endpoint = *endpoint;
+  return std::unique_ptr<HttpHandler>(new HttpHandler(std::move(impl)));
+}
+
+HttpHandler::HttpHandler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpHandler::~HttpHandler() = default;
+
+HandlerVerdict HttpHandler::Handle(const HandlerContext& context, const BrokerMessage& message) {
+  return impl_->Handle(context, message);
+}
+
+}  // namespace idem::consume

@@ -1,0 +1,487 @@
+// The consumer core against an in-memory broker (tests/support/fake_broker.h) and the memory
+// store: keys, duplicates, order, retries, the dead-letter channel, Busy, and failing stores
+// and brokers. The broker adapters have their own tests against real brokers.
+#include "idem/consumer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/stores/memory.h"
+#include "tests/support/fake_broker.h"
+#include "tests/support/fake_clock.h"
+#include "tests/support/faulty_store.h"
+
+namespace idem {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::FakeBroker;
+using testing::FakeClock;
+using testing::FaultyStore;
+
+std::string HeaderOf(const std::vector<std::pair<std::string, std::string>>& headers,
+                     std::string_view name) {
+  for (const auto& [n, v] : headers) {
+    if (n == name) return v;
+  }
+  return "<missing>";
+}
+
+class ConsumerTest : public ::testing::Test {
+ protected:
+  ConsumerTest()
+      : store_(NewMemoryStore({.clock = &clock_, .reclaim_interval = milliseconds(0)})) {}
+
+  ConsumerOptions Options() {
+    ConsumerOptions o;
+    o.name = "test";
+    o.scope = "payments";
+    o.batch_size = 64;
+    o.lease = milliseconds(10'000);
+    o.max_attempts = 3;
+    o.backoff = milliseconds(100);
+    o.clock = &clock_;
+    o.registry = &registry_;
+    return o;
+  }
+
+  // A handler that records every run and succeeds.
+  MessageHandler Recording() {
+    return [this](const HandlerContext& c, const BrokerMessage& m) -> HandlerVerdict {
+      std::lock_guard lock(mu_);
+      runs_.push_back({std::string(c.key), m.partition, c.attempt});
+      return {Verdict::kSuccess, "ok:" + std::string(c.key)};
+    };
+  }
+
+  // Polls until the broker has nothing left (at most `rounds` rounds).
+  void Drain(Consumer& consumer, int rounds = 100) {
+    for (int i = 0; i < rounds && broker_.Queued() > 0; ++i) (void)consumer.RunOnce();
+    ASSERT_EQ(broker_.Queued(), 0u);
+  }
+
+  struct Run {
+    std::string key;
+    std::string partition;
+    std::uint32_t attempt;
+  };
+
+  FakeClock clock_;
+  Registry registry_;
+  std::unique_ptr<Store> store_;
+  FakeBroker broker_;
+  std::mutex mu_;
+  std::vector<Run> runs_;
+};
+
+TEST_F(ConsumerTest, RunsEachKeyOnceAndAcknowledgesEveryMessage) {
+  for (int i = 0; i < 10; ++i) broker_.PublishKeyed("p0", "k" + std::to_string(i));
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  auto n = consumer.RunOnce();
+  ASSERT_TRUE(n.has_value()) << n.error().ToString();
+  EXPECT_EQ(*n, 10u);
+  ASSERT_EQ(runs_.size(), 10u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 10u);
+  for (int i = 0; i < 10; ++i) {
+    auto r = store_->Get("payments", "k" + std::to_string(i));
+    ASSERT_TRUE(r.has_value() && r->has_value());
+    EXPECT_EQ((*r)->state, RecordState::kCompleted);
+    EXPECT_EQ((*r)->response, "ok:k" + std::to_string(i));
+  }
+  EXPECT_EQ(consumer.counts().executed, 10u);
+}
+
+TEST_F(ConsumerTest, RedeliveredDuplicatesAreAcknowledgedWithoutRunningTheHandler) {
+  for (int i = 0; i < 5; ++i) broker_.PublishKeyed("p0", "k" + std::to_string(i));
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  for (int i = 0; i < 5; ++i) broker_.PublishKeyed("p0", "k" + std::to_string(i));
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  EXPECT_EQ(runs_.size(), 5u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 10u);
+  EXPECT_EQ(consumer.counts().replayed, 5u);
+  const std::string metrics = registry_.RenderPrometheus();
+  EXPECT_NE(metrics.find("idem_consumer_messages_total{consumer=\"test\",result=\"replayed\"} 5"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("idem_begin_total{scope=\"payments\",answer=\"replay\"} 5"),
+            std::string::npos)
+      << metrics;
+}
+
+TEST_F(ConsumerTest, DuplicatesInOneBatchAreBegunOnce) {
+  broker_.PublishKeyed("p0", "a");
+  broker_.PublishKeyed("p1", "a");
+  broker_.PublishKeyed("p0", "a");
+  broker_.PublishKeyed("p0", "b");
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_EQ(runs_.size(), 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 4u);
+  EXPECT_EQ(consumer.counts().replayed, 2u);
+}
+
+TEST_F(ConsumerTest, KeepsEachPartitionsOrder) {
+  for (int i = 0; i < 30; ++i) {
+    broker_.PublishKeyed("p" + std::to_string(i % 3), "k" + std::to_string(i));
+  }
+  auto options = Options();
+  options.batch_size = 7;
+  Consumer consumer(*store_, broker_, Recording(), options);
+  Drain(consumer);
+  std::map<std::string, std::vector<int>> seen;
+  for (const Run& r : runs_) seen[r.partition].push_back(std::stoi(r.key.substr(1)));
+  ASSERT_EQ(seen.size(), 3u);
+  for (const auto& [p, keys] : seen) {
+    EXPECT_EQ(keys.size(), 10u);
+    EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end())) << p;
+  }
+}
+
+TEST_F(ConsumerTest, HandlerThatFailsTwiceThenSucceedsRunsThreeTimes) {
+  broker_.PublishKeyed("p0", "flaky");
+  std::vector<std::uint32_t> attempts;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        attempts.push_back(c.attempt);
+        if (attempts.size() < 3) return {Verdict::kRetryable, "not yet"};
+        return {Verdict::kSuccess, "done"};
+      },
+      Options());
+  const Timestamp start = clock_.Now();
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  EXPECT_EQ(attempts, (std::vector<std::uint32_t>{1, 2, 3}));
+  // Backoff 100 ms then 200 ms, each scaled into [0.5, 1] by the jitter.
+  EXPECT_GE(clock_.Now() - start, milliseconds(150));
+  EXPECT_LE(clock_.Now() - start, milliseconds(300));
+  EXPECT_EQ(broker_.Acknowledged().size(), 1u);
+  EXPECT_TRUE(broker_.DeadLetters().empty());
+  EXPECT_EQ(consumer.counts().retries, 2u);
+  EXPECT_GE(broker_.Touched(), 2u);
+  auto r = store_->Get("payments", "flaky");
+  ASSERT_TRUE(r.has_value() && r->has_value());
+  EXPECT_EQ((*r)->outcome, Outcome::kSuccess);
+}
+
+TEST_F(ConsumerTest, HandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts) {
+  broker_.Publish("p0", R"({"amount":1})", {{"Idempotency-Key", "bad"}, {"trace", "t-1"}});
+  int runs = 0;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext&, const BrokerMessage&) -> HandlerVerdict {
+        ++runs;
+        return {Verdict::kRetryable, "upstream 503"};
+      },
+      Options());
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  EXPECT_EQ(runs, 3);
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 1u);
+  EXPECT_EQ(dlq[0].message.payload, R"({"amount":1})");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "trace"), "t-1");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-reason"), "attempts_exhausted");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-attempts"), "3");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-error"), "upstream 503");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-key"), "bad");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-source"), "p0@0");
+  EXPECT_EQ(broker_.Acknowledged().size(), 1u);
+  auto r = store_->Get("payments", "bad");
+  ASSERT_TRUE(r.has_value() && r->has_value());
+  EXPECT_EQ((*r)->state, RecordState::kCompleted);
+  EXPECT_EQ((*r)->outcome, Outcome::kFailure);
+
+  // A redelivery of the dead-lettered message is a replay: no run, no second dead letter.
+  broker_.Publish("p0", R"({"amount":1})", {{"Idempotency-Key", "bad"}});
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(broker_.DeadLetters().size(), 1u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
+TEST_F(ConsumerTest, PermanentFailureAndThrowingHandlers) {
+  broker_.PublishKeyed("p0", "perm");
+  broker_.PublishKeyed("p0", "throws");
+  std::map<std::string, int> runs;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        ++runs[std::string(c.key)];
+        if (c.key == "throws") throw std::runtime_error("boom");
+        return {Verdict::kPermanent, "422 invalid amount"};
+      },
+      Options());
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  EXPECT_EQ(runs["perm"], 1);
+  EXPECT_EQ(runs["throws"], 3);  // a throw is retryable
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 2u);
+  EXPECT_EQ(dlq[0].reason, "permanent");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-error"), "422 invalid amount");
+  EXPECT_EQ(dlq[1].reason, "attempts_exhausted");
+  EXPECT_EQ(HeaderOf(dlq[1].headers, "idem-dlq-error"), "handler threw: boom");
+}
+
+TEST_F(ConsumerTest, PoisonMessagesGoStraightToTheDeadLetterChannel) {
+  broker_.Publish("p0", "{}", {});                                            // no key header
+  broker_.Publish("p0", "{}", {{"Idempotency-Key", ""}});                     // empty key
+  broker_.Publish("p0", "{}", {{"Idempotency-Key", std::string(300, 'x')}});  // too long
+  broker_.PublishKeyed("p0", "fine");
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_EQ(runs_.size(), 1u);
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 3u);
+  EXPECT_EQ(dlq[0].reason, "no_key");
+  EXPECT_NE(HeaderOf(dlq[0].headers, "idem-dlq-error").find("Idempotency-Key"), std::string::npos);
+  EXPECT_EQ(dlq[1].reason, "bad_key");
+  EXPECT_EQ(dlq[2].reason, "bad_key");
+  EXPECT_EQ(broker_.Acknowledged().size(), 4u);
+  EXPECT_EQ(consumer.counts().poison, 3u);
+}
+
+TEST_F(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
+  broker_.Publish("p0", R"({"id":"order-7","amount":3})");
+  broker_.Publish("p0", R"({"id":"order-7","amount":3})");
+  broker_.Publish("p0", R"({"id":"order-7","amount":4})");  // same key, other payload
+  broker_.Publish("p0", R"({"id":)");                       // does not parse
+  auto options = Options();
+  options.key_source = KeySource::JsonPointer("/id");
+  options.fingerprint = FingerprintMode::kJson;
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(runs_[0].key, "order-7");
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 1u);
+  EXPECT_EQ(dlq[0].reason, "bad_payload");
+  // The in-batch duplicate with another payload was settled with the first (same key); a later
+  // delivery of it meets the stored fingerprint and is a conflict.
+  broker_.Publish("p0", R"({"id":"order-7","amount":4})");
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 2u);
+  EXPECT_EQ(dlq[1].reason, "conflict");
+  EXPECT_EQ(broker_.Acknowledged().size(), 5u);
+}
+
+TEST_F(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
+  FaultyStore faulty(*store_);
+  for (int i = 0; i < 4; ++i)
+    broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
+  Consumer consumer(faulty, broker_, Recording(), Options());
+  faulty.Fail(FaultyStore::kBegin);
+  auto r = consumer.RunOnce();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(runs_.empty());
+  EXPECT_TRUE(broker_.Acknowledged().empty());
+  EXPECT_EQ(broker_.Redelivered(), 4u);
+  EXPECT_EQ(broker_.Queued(), 4u);
+  faulty.Heal();
+  Drain(consumer);
+  EXPECT_EQ(runs_.size(), 4u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 4u);
+}
+
+TEST_F(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
+  FaultyStore faulty(*store_);
+  broker_.PublishKeyed("p0", "a");
+  broker_.PublishKeyed("p0", "b");
+  Consumer consumer(faulty, broker_, Recording(), Options());
+  faulty.Fail(FaultyStore::kComplete);
+  ASSERT_FALSE(consumer.RunOnce().has_value());
+  EXPECT_EQ(runs_.size(), 2u);
+  EXPECT_TRUE(broker_.Acknowledged().empty());
+  EXPECT_EQ(broker_.Queued(), 2u);
+  // The keys stay IN_PROGRESS: the redelivery waits for the lease, then runs again with
+  // attempt 2 (SPEC §3: a crash or store failure after the effect).
+  auto rec = store_->Get("payments", "a");
+  ASSERT_TRUE(rec.has_value() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+  faulty.Heal();
+  Drain(consumer);
+  ASSERT_EQ(runs_.size(), 4u);
+  EXPECT_EQ(runs_[2].attempt, 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
+TEST_F(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {
+  // A dead worker acquired "k" with a 10 s lease.
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(10'000)});
+  ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
+  broker_.PublishKeyed("p0", "k");
+  broker_.PublishKeyed("p0", "after");
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  const Timestamp start = clock_.Now();
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_EQ(runs_.size(), 2u);
+  EXPECT_EQ(runs_[0].key, "k");
+  EXPECT_EQ(runs_[0].attempt, 2u);  // a takeover
+  EXPECT_EQ(runs_[1].key, "after");
+  EXPECT_GE(clock_.Now() - start, milliseconds(10'000));
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
+TEST_F(ConsumerTest, BusyPastTheBoundHandsBackTheRestOfThePartitionOnly) {
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(60'000)});
+  ASSERT_TRUE(held.has_value());
+  broker_.PublishKeyed("p0", "k");
+  broker_.PublishKeyed("p0", "after-k");
+  broker_.PublishKeyed("p1", "other");
+  auto options = Options();
+  options.busy_timeout = milliseconds(2'000);
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(runs_[0].key, "other");
+  EXPECT_EQ(broker_.Acknowledged().size(), 1u);
+  EXPECT_EQ(broker_.Redelivered(), 2u);  // k and after-k, in order
+  auto again = broker_.Poll(10, milliseconds(0));
+  ASSERT_TRUE(again.has_value());
+  ASSERT_EQ(again->size(), 2u);
+  EXPECT_EQ(HeaderOf((*again)[0].headers, "Idempotency-Key"), "k");
+  EXPECT_EQ(HeaderOf((*again)[1].headers, "Idempotency-Key"), "after-k");
+  // "after-k" was begun in the batch but not run: it was released, not left to its lease.
+  auto rec = store_->Get("payments", "after-k");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_FALSE(rec->has_value());
+}
+
+TEST_F(ConsumerTest, DeadLetterPublishFailureHandsBackAndReleases) {
+  broker_.PublishKeyed("p0", "perm");
+  broker_.PublishKeyed("p0", "next");
+  broker_.FailDeadLetter(true);
+  int runs = 0;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        ++runs;
+        if (c.key == "perm") return {Verdict::kPermanent, "rejected"};
+        return {Verdict::kSuccess, ""};
+      },
+      Options());
+  auto r = consumer.RunOnce();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(runs, 1);  // "next" waits behind "perm": order
+  EXPECT_TRUE(broker_.Acknowledged().empty());
+  EXPECT_EQ(broker_.Queued(), 2u);
+  auto rec = store_->Get("payments", "perm");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_FALSE(rec->has_value());  // released: the redelivery decides again
+  broker_.FailDeadLetter(false);
+  Drain(consumer);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(broker_.DeadLetters().size(), 1u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
+TEST_F(ConsumerTest, PollFailureIsReported) {
+  broker_.FailPoll(true);
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  auto r = consumer.RunOnce();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(consumer.counts().broker_errors, 1u);
+}
+
+TEST_F(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
+  broker_.PublishKeyed("p0", "slow");
+  broker_.PublishKeyed("p0", "waiting");
+  auto options = Options();
+  options.lease = milliseconds(1'000);
+  options.backoff = milliseconds(400);
+  options.max_backoff = milliseconds(400);
+  options.jitter = 0;
+  options.max_attempts = 6;
+  int slow_runs = 0;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        if (c.key == "slow" && ++slow_runs < 6) return {Verdict::kRetryable, "again"};
+        return {Verdict::kSuccess, ""};
+      },
+      options);
+  // 5 retries x 400 ms = 2 s, twice the lease: without extensions "waiting" would be lost.
+  ASSERT_TRUE(consumer.RunOnce().has_value());
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+  auto text = registry_.RenderPrometheus();
+  EXPECT_NE(text.find("idem_lease_lost_total{scope=\"payments\"} 0"), std::string::npos) << text;
+  auto rec = store_->Get("payments", "waiting");
+  ASSERT_TRUE(rec.has_value() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+}
+
+TEST_F(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
+  broker_.PublishKeyed("p0", "first");
+  broker_.PublishKeyed("p0", "second");
+  Consumer* self = nullptr;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext&, const BrokerMessage&) -> HandlerVerdict {
+        self->Stop();
+        return {Verdict::kSuccess, ""};
+      },
+      Options());
+  self = &consumer;
+  consumer.Run();  // returns: the handler stopped it
+  EXPECT_EQ(broker_.Acknowledged().size(), 1u);
+  EXPECT_EQ(broker_.Queued(), 1u);
+  auto rec = store_->Get("payments", "second");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_FALSE(rec->has_value());
+}
+
+// Many consumers over one store, each message delivered to two of them (a redelivery racing
+// the first delivery): every key runs once.
+TEST(ConsumerRaceTest, ConcurrentConsumersRunEachKeyOnce) {
+  auto store = NewMemoryStore();
+  constexpr int kKeys = 2000;
+  constexpr int kConsumers = 6;
+  std::vector<std::unique_ptr<FakeBroker>> brokers;
+  for (int c = 0; c < kConsumers; ++c) brokers.push_back(std::make_unique<FakeBroker>());
+  for (int i = 0; i < kKeys; ++i) {
+    for (int copy = 0; copy < 2; ++copy) {
+      brokers[(i + copy * 3) % kConsumers]->PublishKeyed("p" + std::to_string(i % 4),
+                                                         "k" + std::to_string(i));
+    }
+  }
+  std::mutex mu;
+  std::map<std::string, int> runs;
+  MessageHandler handler = [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+    std::lock_guard lock(mu);
+    ++runs[std::string(c.key)];
+    return {Verdict::kSuccess, ""};
+  };
+  std::vector<std::thread> threads;
+  std::atomic<std::size_t> acknowledged{0};
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      ConsumerOptions o;
+      o.scope = "race";
+      o.batch_size = 50;
+      o.lease = milliseconds(30'000);
+      o.backoff = milliseconds(1);
+      Consumer consumer(*store, *brokers[c], handler, o);
+      for (int round = 0; round < 10'000 && brokers[c]->Queued() > 0; ++round) {
+        (void)consumer.RunOnce();
+      }
+      acknowledged += brokers[c]->Acknowledged().size();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(acknowledged.load(), 2u * kKeys);
+  ASSERT_EQ(runs.size(), static_cast<std::size_t>(kKeys));
+  for (const auto& [key, n] : runs) ASSERT_EQ(n, 1) << key;
+}
+
+}  // namespace
+}  // namespace idem

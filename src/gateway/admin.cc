@@ -1,0 +1,118 @@
+#include "gateway/admin.h"
+
+#include <boost/asio.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "gateway/asio_parts.h"
+
+namespace idem::gateway {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+
+constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
+constexpr std::string_view kReadyProbeScope = "idemd.readyz";
+
+}  // namespace
+
+Status StoreReady(Store& store) {
+  auto probe = store.Get(kReadyProbeScope, "probe");
+  if (probe) return OkStatus();
+  return UnavailableError("store unavailable: " + probe.error().ToString());
+}
+
+struct AdminServer::Impl {
+  Impl(Registry& r, Readiness check) : registry(r), ready(std::move(check)) {}
+
+  Registry& registry;
+  Readiness ready;
+  asio::io_context io{1};
+  std::optional<tcp::acceptor> acceptor;
+  std::thread thread;
+  Endpoint bound{};
+  bool stopped = false;
+
+  awaitable<void> Session(tcp::socket socket) {
+    beast::tcp_stream stream(std::move(socket));
+    beast::flat_buffer buffer;
+    for (;;) {
+      http::request<http::string_body> req;
+      stream.expires_after(std::chrono::seconds(30));
+      auto [ec, n] = co_await http::async_read(stream, buffer, req, kNoThrow);
+      if (ec) break;
+      http::response<http::string_body> res{http::status::ok, req.version()};
+      res.set(http::field::content_type, "text/plain; charset=utf-8");
+      const std::string_view target(req.target());
+      if (target == "/metrics") {
+        res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+        res.body() = registry.RenderPrometheus();
+      } else if (target == "/healthz") {
+        res.body() = "ok\n";
+      } else if (target == "/readyz") {
+        Status s = ready();
+        if (s.ok()) {
+          res.body() = "ready\n";
+        } else {
+          res.result(http::status::service_unavailable);
+          res.body() = s.message() + "\n";
+        }
+      } else {
+        res.result(http::status::not_found);
+        res.body() = "not found: try /metrics, /healthz or /readyz\n";
+      }
+      res.keep_alive(req.keep_alive());
+      res.prepare_payload();
+      auto [wec, wn] = co_await http::async_write(stream, res, kNoThrow);
+      if (wec || !req.keep_alive()) break;
+    }
+    boost::system::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  awaitable<void> Accept() {
+    for (;;) {
+      auto [ec, socket] = co_await acceptor->async_accept(kNoThrow);
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
+      if (ec) continue;
+      asio::co_spawn(io, Session(std::move(socket)), asio::detached);
+    }
+  }
+};
+
+Result<std::unique_ptr<AdminServer>> AdminServer::Start(const Endpoint& at, Registry& registry,
+                                                        Readiness ready) {
+  auto impl = std::make_unique<Impl>(registry, std::move(ready));
+  impl->acceptor.emplace(impl->io);
+  auto bound = asio_parts::Bind(*impl->acceptor, at, false);
+  if (!bound) return bound.error();
+  impl->bound = Endpoint{bound->address().to_string(), bound->port()};
+  asio::co_spawn(impl->io, impl->Accept(), asio::detached);
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<AdminServer>(new AdminServer(std::move(impl)));
+}
+
+AdminServer::AdminServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AdminServer::~AdminServer() { Stop(); }
+
+Endpoint AdminServer::bound() const { return impl_->bound; }
+
+void AdminServer::Stop() {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace idem::gateway

@@ -1,0 +1,50 @@
+// The admin listener of idemd (the gateway and `idemd consume` alike): GET /metrics (the
+// registry in the Prometheus text format), /healthz (the process runs), /readyz (200 when the
+// readiness check passes, else 503 with its message). Keep it on loopback.
+//
+//   auto admin = gateway::AdminServer::Start({"127.0.0.1", 9090}, registry,
+//                                            [&] { return gateway::StoreReady(*store); });
+//   ... (*admin)->bound() ...
+//   (*admin)->Stop();
+//
+// One thread of its own; Boost.Asio is confined to admin.cc.
+#ifndef IDEM_GATEWAY_ADMIN_H_
+#define IDEM_GATEWAY_ADMIN_H_
+
+#include <functional>
+#include <memory>
+
+#include "gateway/config.h"
+#include "idem/metrics.h"
+#include "idem/status.h"
+#include "idem/store.h"
+
+namespace idem::gateway {
+
+class AdminServer {
+ public:
+  // ok: ready. An error: not ready, its message is the 503's body. Called on the admin thread.
+  using Readiness = std::function<Status()>;
+
+  // kUnavailable when the address cannot be bound, kInvalidArgument when it does not resolve.
+  static Result<std::unique_ptr<AdminServer>> Start(const Endpoint& at, Registry& registry,
+                                                    Readiness ready);
+  ~AdminServer();  // Stop()
+  AdminServer(const AdminServer&) = delete;
+  AdminServer& operator=(const AdminServer&) = delete;
+
+  Endpoint bound() const;  // the real port when `at` asked for port 0
+  void Stop();             // closes the listener and joins the thread; idempotent
+
+ private:
+  struct Impl;
+  explicit AdminServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Readiness of a store: it answers a read (of a probe key that never exists).
+Status StoreReady(Store& store);
+
+}  // namespace idem::gateway
+
+#endif  // IDEM_GATEWAY_ADMIN_H_

@@ -1,0 +1,102 @@
+#include "tests/support/fake_broker.h"
+
+namespace idem::testing {
+
+void FakeBroker::Publish(std::string partition, std::string payload,
+                         std::vector<std::pair<std::string, std::string>> headers) {
+  std::lock_guard lock(mu_);
+  BrokerMessage m;
+  m.position = std::to_string(next_position_[partition]++);
+  m.partition = std::move(partition);
+  m.payload = std::move(payload);
+  m.headers = std::move(headers);
+  m.handle = next_handle_++;
+  queues_[m.partition].push_back(std::move(m));
+}
+
+void FakeBroker::PublishKeyed(std::string partition, std::string key, std::string payload) {
+  Publish(std::move(partition), std::move(payload), {{"Idempotency-Key", std::move(key)}});
+}
+
+std::size_t FakeBroker::Queued() const {
+  std::lock_guard lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [name, q] : queues_) n += q.size();
+  return n;
+}
+
+std::vector<BrokerMessage> FakeBroker::Acknowledged() const {
+  std::lock_guard lock(mu_);
+  return acknowledged_;
+}
+
+std::vector<FakeBroker::DeadLettered> FakeBroker::DeadLetters() const {
+  std::lock_guard lock(mu_);
+  return dead_letters_;
+}
+
+std::size_t FakeBroker::Redelivered() const {
+  std::lock_guard lock(mu_);
+  return redelivered_;
+}
+
+std::vector<std::chrono::milliseconds> FakeBroker::RedeliverDelays() const {
+  std::lock_guard lock(mu_);
+  return redeliver_delays_;
+}
+
+std::size_t FakeBroker::Touched() const {
+  std::lock_guard lock(mu_);
+  return touched_;
+}
+
+Result<std::vector<BrokerMessage>> FakeBroker::Poll(std::size_t max, std::chrono::milliseconds) {
+  std::lock_guard lock(mu_);
+  if (fail_poll_) return UnavailableError("fake broker: poll refused");
+  std::vector<BrokerMessage> out;
+  bool more = true;
+  while (out.size() < max && more) {
+    more = false;
+    for (auto& [name, q] : queues_) {
+      if (q.empty() || out.size() >= max) continue;
+      out.push_back(std::move(q.front()));
+      q.pop_front();
+      more = true;
+    }
+  }
+  return out;
+}
+
+Status FakeBroker::Acknowledge(std::span<const BrokerMessage* const> messages) {
+  std::lock_guard lock(mu_);
+  for (const BrokerMessage* m : messages) acknowledged_.push_back(*m);
+  return OkStatus();
+}
+
+Status FakeBroker::Redeliver(std::span<const BrokerMessage* const> messages,
+                             std::chrono::milliseconds delay) {
+  std::lock_guard lock(mu_);
+  redeliver_delays_.push_back(delay);
+  for (auto it = messages.rbegin(); it != messages.rend(); ++it) {
+    BrokerMessage m = **it;
+    ++m.deliveries;
+    queues_[m.partition].push_front(std::move(m));
+    ++redelivered_;
+  }
+  return OkStatus();
+}
+
+Status FakeBroker::DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) {
+  std::lock_guard lock(mu_);
+  if (fail_dead_letter_) return UnavailableError("fake broker: dead-letter publish refused");
+  dead_letters_.push_back({message, DeadLetterHeaders(message, info), std::string(info.reason)});
+  return OkStatus();
+}
+
+Status FakeBroker::Touch(std::span<const BrokerMessage* const> messages) {
+  std::lock_guard lock(mu_);
+  touched_ += messages.size();
+  return OkStatus();
+}
+
+}  // namespace idem::testing

@@ -1,0 +1,80 @@
+// FakeBroker: an in-memory Broker for the consumer core's tests. Partitions are queues; Poll
+// takes messages round-robin over partitions (keeping each one's order), Redeliver puts messages
+// back at the head of their partition, and everything the consumer did is recorded.
+//
+// Thread-safe: several consumers may share one FakeBroker (each message then goes to one of
+// them, as with a consumer group).
+#ifndef IDEM_TESTS_SUPPORT_FAKE_BROKER_H_
+#define IDEM_TESTS_SUPPORT_FAKE_BROKER_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "idem/consumer.h"
+
+namespace idem::testing {
+
+class FakeBroker : public Broker {
+ public:
+  struct DeadLettered {
+    BrokerMessage message;
+    std::vector<std::pair<std::string, std::string>> headers;  // DeadLetterHeaders()
+    std::string reason;
+  };
+
+  // Appends a message to its partition; position is its sequence number in that partition.
+  void Publish(std::string partition, std::string payload,
+               std::vector<std::pair<std::string, std::string>> headers = {});
+  // A message with header Idempotency-Key: key.
+  void PublishKeyed(std::string partition, std::string key, std::string payload = "{}");
+
+  // Failure injection.
+  void FailPoll(bool fail) {
+    std::lock_guard l(mu_);
+    fail_poll_ = fail;
+  }
+  void FailDeadLetter(bool fail) {
+    std::lock_guard l(mu_);
+    fail_dead_letter_ = fail;
+  }
+
+  std::size_t Queued() const;  // not yet polled (or handed back)
+  std::vector<BrokerMessage> Acknowledged() const;
+  std::vector<DeadLettered> DeadLetters() const;
+  std::size_t Redelivered() const;  // messages handed back so far
+  std::vector<std::chrono::milliseconds> RedeliverDelays() const;
+  std::size_t Touched() const;
+
+  std::string_view Name() const override { return "fake"; }
+  Result<std::vector<BrokerMessage>> Poll(std::size_t max, std::chrono::milliseconds wait) override;
+  Status Acknowledge(std::span<const BrokerMessage* const> messages) override;
+  Status Redeliver(std::span<const BrokerMessage* const> messages,
+                   std::chrono::milliseconds delay) override;
+  Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override;
+  Status Touch(std::span<const BrokerMessage* const> messages) override;
+  Status Health() override { return OkStatus(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::deque<BrokerMessage>> queues_;
+  std::map<std::string, std::uint64_t> next_position_;
+  std::uint64_t next_handle_ = 1;
+  bool fail_poll_ = false;
+  bool fail_dead_letter_ = false;
+  std::vector<BrokerMessage> acknowledged_;
+  std::vector<DeadLettered> dead_letters_;
+  std::size_t redelivered_ = 0;
+  std::vector<std::chrono::milliseconds> redeliver_delays_;
+  std::size_t touched_ = 0;
+};
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TESTS_SUPPORT_FAKE_BROKER_H_
