@@ -1,9 +1,9 @@
 // The Kafka adapter of the consumer core: an idem::Broker over a librdkafka consumer group.
 // Link idem::kafka (it brings librdkafka; idem::idem does not).
 //
-//   auto broker = idem::kafka::OpenKafkaConsumer({.brokers = "kafka:9092", .group = "payments",
-//                                                 .topics = {"orders"}, .dlq_topic =
-//                                                 "orders.dlq"});
+//   auto broker = idem::kafka::OpenKafkaConsumer(
+//       {.brokers = "kafka:9092", .group = "payments", .topics = {"orders"},
+//        .dlq_topic = "orders.dlq"});
 //   if (!broker) { /* kInvalidArgument: a bad setting, named in the message */ }
 //   idem::Consumer consumer(*store, **broker, handler, {.scope = "payments"});
 //
@@ -21,7 +21,10 @@
 // acknowledged since: Redeliver seeks the partition back to that offset and pauses it until the
 // delay is over (a later Poll resumes it), and an acknowledgement of a later message of that
 // partition (which Kafka would deliver again anyway) does not move its commit past it.
-// Offsets are only ever committed forwards; a message acknowledged twice is harmless.
+// Offsets are only ever committed forwards; a message acknowledged twice is harmless. A commit
+// the group refuses (while it rebalances) fails with kUnavailable and stays pending: the next
+// Poll or Acknowledge commits it, unless the partition is revoked first (then its new owner
+// reads those messages again, and the store answers Replay).
 //
 // Rebalances: librdkafka calls the adapter's rebalance callback only from inside Poll, so while
 // the core runs a batch (handlers, CompleteBatch, Acknowledge all happen between two Polls) no
@@ -33,15 +36,17 @@
 // than max.poll.interval.ms (default 300 s), or the group evicts the consumer.
 //
 // DeadLetter produces to dlq_topic the same payload and Kafka key with
-// DeadLetterHeaders(message, info) as headers, and waits for the delivery report (at most
-// message.timeout.ms; failure -> kUnavailable). No dlq_topic -> kFailedPrecondition.
+// DeadLetterHeaders(message, info) as headers, and waits for the delivery report (a failure,
+// or none within 35 s -> kUnavailable; its message.timeout.ms is 30 s). No dlq_topic ->
+// kFailedPrecondition. The extra properties apply to its producer too (those only
+// a consumer knows are ignored there).
 //
 // Errors: a fatal librdkafka error, or brokers that cannot be reached by any call ->
 // kUnavailable. Partition EOF, a transient broker disconnect (librdkafka reconnects) and
 // rebalance notices are not errors.
 //
-// Not thread-safe: one consumer thread uses a broker (as idem::Broker says). The Producer below
-// is thread-safe.
+// Not thread-safe: one consumer thread uses a broker (as idem::Broker says), except Health,
+// which any thread may call (readiness checks). The Producer below is thread-safe.
 #ifndef IDEM_CONSUMERS_KAFKA_H_
 #define IDEM_CONSUMERS_KAFKA_H_
 
