@@ -18,6 +18,7 @@
 
 #include "consumers/redis_streams/client.h"
 #include "consumers/redis_streams/entries.h"
+#include "consumers/redis_streams/testing.h"
 #include "tests/support/servers.h"
 
 namespace idem::redis_streams {
@@ -30,20 +31,9 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Pair;
 using SteadyClock = std::chrono::steady_clock;
-
-std::string SharedUrl() {
-  auto address = testing::RequiredEnv("IDEM_TEST_REDIS");
-  EXPECT_TRUE(address.has_value()) << address.error().ToString();
-  return address ? "redis://" + *address : "redis://127.0.0.1:1";
-}
-
-// A stream name no other test (or run) uses.
-std::string Unique(std::string_view what) {
-  static std::atomic<int> n{0};
-  return "idem-rs-test:" + std::to_string(::getpid()) + ":" +
-         std::to_string(SteadyClock::now().time_since_epoch().count()) + ":" + std::to_string(n++) +
-         ":" + std::string(what);
-}
+using testing::PendingCount;
+using testing::SharedUrl;
+using testing::Unique;
 
 RedisStreamsConfig Config(const std::string& url, std::vector<std::string> streams,
                           std::string consumer = "c1") {
@@ -114,17 +104,6 @@ Status AckAll(Broker& b, const std::vector<BrokerMessage>& ms) {
   return b.Acknowledge(p);
 }
 
-// A number from redis: XPENDING's count of entries pending in the group.
-long long PendingCount(const std::string& url, const std::string& stream) {
-  auto a = ParseAddress(url);
-  if (!a) return -1;
-  auto c = Client::Open(*a, milliseconds(2000));
-  if (!c) return -1;
-  auto r = (*c)->Call(Args().Add("XPENDING").Add(stream).Add("g"));
-  if (!r || (*r)->type != REDIS_REPLY_ARRAY || (*r)->elements < 1) return -1;
-  return (*r)->element[0]->integer;
-}
-
 TEST(RedisStreamsConfigTest, RejectsBadOptionsNamingThem) {
   const RedisStreamsConfig good = Config("redis://127.0.0.1:1", {"s"});
   struct Case {
@@ -181,7 +160,7 @@ TEST(RedisStreamsConfigTest, EntryIdsOrderAsRedisOrdersThem) {
 }
 
 TEST(RedisStreamsTest, UnreachableServerIsUnavailable) {
-  auto port = testing::FreePort();
+  auto port = idem::testing::FreePort();
   ASSERT_TRUE(port.has_value());
   auto b =
       OpenRedisStreamsConsumer(Config("redis://127.0.0.1:" + std::to_string(*port), {Unique("s")}));
@@ -436,18 +415,18 @@ TEST(RedisStreamsTest, BulkPublishKeepsOrder) {
 
 struct OwnServer {
   std::filesystem::path dir;
-  std::optional<testing::RedisServer> server;
+  std::optional<idem::testing::RedisServer> server;
   std::string url;
 };
 
 OwnServer StartOwnServer(std::string_view name) {
   OwnServer o;
   o.dir = std::filesystem::temp_directory_path() / Unique(name);
-  auto port = testing::FreePort();
+  auto port = idem::testing::FreePort();
   EXPECT_TRUE(port.has_value());
   if (!port) return o;
-  auto s =
-      testing::RedisServer::Start(o.dir, *port, {"--appendonly", "yes", "--appendfsync", "always"});
+  auto s = idem::testing::RedisServer::Start(o.dir, *port,
+                                             {"--appendonly", "yes", "--appendfsync", "always"});
   EXPECT_TRUE(s.has_value()) << s.error().ToString();
   if (s) {
     o.url = "redis://" + s->address();

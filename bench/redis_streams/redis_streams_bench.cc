@@ -1,0 +1,321 @@
+// The Redis Streams consumer against a plain XREADGROUP + XACK loop, in one run, on one
+// server (bench/redis_streams/run.sh starts one of its own).
+//
+// One stream of --messages entries (~100-byte payload, a unique Idempotency-Key field) is
+// written once; then each contender reads all of it through a fresh consumer group (from the
+// start) with a no-op handler, and its rate is the entries it settled per second, from the first
+// read to the last XACK's answer:
+//
+//   (a) plain  hiredis: XREADGROUP COUNT --batch, look at every entry's key, one XACK per batch.
+//              Tuned like the adapter: the XREADGROUP for the next batch is sent before the XACK
+//              of this one, so both go in one write and Redis reads ahead while the client
+//              works. No dedup.
+//   (b) memory idem::Consumer (batch_size --batch) over the Redis Streams broker, memory store.
+//   (c) log    the same with the embedded log store, sync=always, in a fresh temporary directory.
+//   (x) broker the broker alone (Poll + Acknowledge, no Consumer, no store), only with --only
+//              x: it shows how much of the gap is the adapter's and how much the core's.
+//
+// The contenders run in turn --rounds times (a b c a b c ...); the medians and the ratios b/a
+// and c/a are printed (targets: >= 0.85 and >= 0.6).
+//
+// Usage: redis_streams_bench --redis HOST:PORT [--messages 200000] [--batch 256] [--rounds 3]
+//          [--only a,b,c]
+// It deletes and writes the stream "idem-bench:orders": never point it at a server holding
+// data you want.
+#include <hiredis/hiredis.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/consumer.h"
+#include "idem/consumers/redis_streams.h"
+#include "idem/stores/log.h"
+#include "idem/stores/memory.h"
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr std::string_view kStream = "idem-bench:orders";
+
+struct Flags {
+  std::string redis;
+  int messages = 200'000;
+  int batch = 256;
+  int rounds = 3;
+  std::string only = "a,b,c";
+};
+
+[[noreturn]] void Die(const std::string& why) {
+  std::fprintf(stderr, "redis_streams_bench: %s\n", why.c_str());
+  std::exit(2);
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) Die(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--redis") {
+      f.redis = value();
+    } else if (a == "--messages") {
+      f.messages = std::stoi(value());
+    } else if (a == "--batch") {
+      f.batch = std::stoi(value());
+    } else if (a == "--rounds") {
+      f.rounds = std::stoi(value());
+    } else if (a == "--only") {
+      f.only = value();
+    } else {
+      Die("unknown flag " + a);
+    }
+  }
+  if (f.redis.empty()) Die("--redis HOST:PORT is required");
+  if (f.messages <= 0 || f.batch <= 0 || f.rounds <= 0) Die("counts must be above 0");
+  return f;
+}
+
+// ---- a plain hiredis connection ----
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+class Plain {
+ public:
+  explicit Plain(const std::string& address) {
+    const std::size_t colon = address.rfind(':');
+    c_ = redisConnect(address.substr(0, colon).c_str(), std::stoi(address.substr(colon + 1)));
+    if (c_ == nullptr || c_->err != 0) Die("cannot connect to " + address);
+  }
+  ~Plain() { redisFree(c_); }
+  void Append(const std::vector<std::string_view>& words) {
+    argv_.clear();
+    lens_.clear();
+    for (auto w : words) {
+      argv_.push_back(w.data());
+      lens_.push_back(w.size());
+    }
+    redisAppendCommandArgv(c_, static_cast<int>(argv_.size()), argv_.data(), lens_.data());
+  }
+  void Flush() {
+    int done = 0;
+    while (done == 0) {
+      if (redisBufferWrite(c_, &done) != REDIS_OK) Die(std::string("write: ") + c_->errstr);
+    }
+  }
+  Reply Read() {
+    void* r = nullptr;
+    if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
+      Die(std::string("read: ") + c_->errstr);
+    }
+    Reply reply(static_cast<redisReply*>(r));
+    if (reply->type == REDIS_REPLY_ERROR) Die(std::string("redis: ") + reply->str);
+    return reply;
+  }
+  Reply Call(const std::vector<std::string_view>& words) {
+    Append(words);
+    return Read();
+  }
+
+ private:
+  redisContext* c_;
+  std::vector<const char*> argv_;
+  std::vector<std::size_t> lens_;
+};
+
+void Fill(const Flags& f) {
+  Plain p(f.redis);
+  p.Call({"DEL", kStream});
+  std::vector<idem::redis_streams::StreamEntry> entries;
+  entries.reserve(static_cast<std::size_t>(f.messages));
+  const std::string filler(100 - 16, 'x');
+  for (int i = 0; i < f.messages; ++i) {
+    char payload[32];
+    std::snprintf(payload, sizeof payload, "{\"order\":%09d,\"", i);
+    entries.push_back({.payload = payload + filler + "\"}",
+                       .headers = {{"Idempotency-Key", "order-" + std::to_string(i) + "-" +
+                                                           std::to_string(::getpid())}}});
+  }
+  const auto t0 = SteadyClock::now();
+  auto s = idem::redis_streams::Publish("redis://" + f.redis, kStream, entries);
+  if (!s.ok()) Die(s.ToString());
+  const double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  std::printf("wrote %d entries of %zu-byte payloads in %.2f s (XADD pipelined)\n", f.messages,
+              entries.front().payload.size(), secs);
+}
+
+std::string NewGroup(const Flags& f, const std::string& name) {
+  Plain p(f.redis);
+  p.Call({"XGROUP", "CREATE", kStream, name, "0"});
+  return name;
+}
+
+// (a): returns the entries settled.
+long long RunPlain(const Flags& f, const std::string& group) {
+  Plain p(f.redis);
+  const std::string count = std::to_string(f.batch);
+  const std::vector<std::string_view> read = {"XREADGROUP", "GROUP",   group,   "c", "COUNT",
+                                              count,        "STREAMS", kStream, ">"};
+  long long settled = 0;
+  std::size_t keys = 0;
+  Reply batch = p.Call(read);
+  std::vector<std::string_view> ack;
+  while (batch->type == REDIS_REPLY_ARRAY && batch->elements > 0) {
+    p.Append(read);  // read ahead: Redis prepares the next batch meanwhile
+    p.Flush();
+    const redisReply& entries = *batch->element[0]->element[1];
+    ack = {"XACK", kStream, group};
+    for (std::size_t i = 0; i < entries.elements; ++i) {
+      const redisReply& e = *entries.element[i];
+      ack.emplace_back(e.element[0]->str, e.element[0]->len);
+      const redisReply& fields = *e.element[1];
+      for (std::size_t k = 0; k + 1 < fields.elements; k += 2) {
+        if (std::string_view(fields.element[k]->str, fields.element[k]->len) == "Idempotency-Key") {
+          keys += fields.element[k + 1]->len;  // the no-op handler looks at its key
+        }
+      }
+    }
+    p.Append(ack);
+    Reply next = p.Read();
+    Reply acked = p.Read();
+    settled += acked->integer;
+    batch = std::move(next);
+  }
+  if (keys == 0) Die("no keys seen");
+  return settled;
+}
+
+// (x), for reading the others: the broker alone, Poll + Acknowledge, no store, no Consumer.
+long long RunBroker(const Flags& f, const std::string& group) {
+  auto broker = idem::redis_streams::OpenRedisStreamsConsumer({.url = "redis://" + f.redis,
+                                                               .streams = {std::string(kStream)},
+                                                               .group = group,
+                                                               .consumer = "c",
+                                                               .dlq_stream = "idem-bench:dlq",
+                                                               .create_group = false});
+  if (!broker) Die(broker.error().ToString());
+  long long settled = 0;
+  std::vector<const idem::BrokerMessage*> ack;
+  while (true) {
+    auto batch = (*broker)->Poll(static_cast<std::size_t>(f.batch), 0ms);
+    if (!batch) Die(batch.error().ToString());
+    if (batch->empty()) break;
+    ack.clear();
+    for (const auto& m : *batch) ack.push_back(&m);
+    if (auto s = (*broker)->Acknowledge(ack); !s.ok()) Die(s.ToString());
+    settled += static_cast<long long>(batch->size());
+  }
+  return settled;
+}
+
+// (b), (c): returns the entries settled.
+long long RunIdem(const Flags& f, const std::string& group, idem::Store& store) {
+  auto broker = idem::redis_streams::OpenRedisStreamsConsumer({.url = "redis://" + f.redis,
+                                                               .streams = {std::string(kStream)},
+                                                               .group = group,
+                                                               .consumer = "c",
+                                                               .dlq_stream = "idem-bench:dlq",
+                                                               .create_group = false});
+  if (!broker) Die(broker.error().ToString());
+  idem::Consumer consumer(store, **broker,
+                          [](const idem::HandlerContext&, const idem::BrokerMessage&) {
+                            return idem::HandlerVerdict{};
+                          },
+                          {.name = "bench",
+                           .scope = "bench:" + group,
+                           .batch_size = static_cast<std::size_t>(f.batch),
+                           .poll_wait = 20ms});
+  while (consumer.counts().executed + consumer.counts().replayed <
+         static_cast<std::uint64_t>(f.messages)) {
+    auto n = consumer.RunOnce();
+    if (!n) Die(n.error().ToString());
+  }
+  const auto c = consumer.counts();
+  if (c.dead_lettered != 0 || c.store_errors != 0 || c.broker_errors != 0) {
+    Die("errors: dlq " + std::to_string(c.dead_lettered) + ", store " +
+        std::to_string(c.store_errors) + ", broker " + std::to_string(c.broker_errors));
+  }
+  return static_cast<long long>(c.executed + c.replayed);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = ParseFlags(argc, argv);
+  Fill(f);
+  std::map<char, std::vector<double>> rates;
+  const std::map<char, std::string> names = {{'a', "plain XREADGROUP+XACK"},
+                                             {'b', "idem, memory store"},
+                                             {'c', "idem, log store"},
+                                             {'x', "broker alone (no store)"}};
+  for (int round = 0; round < f.rounds; ++round) {
+    for (const char which : {'a', 'b', 'c', 'x'}) {
+      if (f.only.find(which) == std::string::npos) continue;
+      const std::string group = NewGroup(f, std::string("g-") + which + std::to_string(round));
+      std::unique_ptr<idem::Store> store;
+      std::filesystem::path dir;
+      if (which == 'b') store = idem::NewMemoryStore();
+      if (which == 'c') {
+        char tmpl[] = "/tmp/idem-streams-bench.XXXXXX";
+        if (::mkdtemp(tmpl) == nullptr) Die("mkdtemp");
+        dir = tmpl;
+        idem::LogStoreOptions options;
+        options.dir = dir.string();
+        options.sync = idem::SyncMode::kAlways;
+        auto log = idem::OpenLogStore(options);
+        if (!log) Die(log.error().ToString());
+        store = std::move(*log);
+      }
+      const auto t0 = SteadyClock::now();
+      const long long settled = which == 'a'   ? RunPlain(f, group)
+                                : which == 'x' ? RunBroker(f, group)
+                                               : RunIdem(f, group, *store);
+      const double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+      if (settled != f.messages) {
+        Die(std::string(1, which) + " settled " + std::to_string(settled) + " of " +
+            std::to_string(f.messages));
+      }
+      const double rate = static_cast<double>(settled) / secs;
+      rates[which].push_back(rate);
+      std::printf("round %d  (%c) %-24s %9.0f msg/s  (%.2f s)\n", round + 1, which,
+                  names.at(which).c_str(), rate, secs);
+      std::fflush(stdout);
+      store.reset();
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
+  }
+  std::printf("\nmedians over %d rounds, %d messages, batch %d:\n", f.rounds, f.messages, f.batch);
+  for (const auto& [which, v] : rates) {
+    std::printf("  (%c) %-24s %9.0f msg/s\n", which, names.at(which).c_str(), Median(v));
+  }
+  if (rates.count('a') != 0) {
+    const double a = Median(rates['a']);
+    if (rates.count('b') != 0) {
+      std::printf("  b/a = %.2f (target >= 0.85)\n", Median(rates['b']) / a);
+    }
+    if (rates.count('c') != 0) {
+      std::printf("  c/a = %.2f (target >= 0.60)\n", Median(rates['c']) / a);
+    }
+  }
+  return 0;
+}
