@@ -7,9 +7,9 @@
 // read to the last XACK's answer:
 //
 //   (a) plain  hiredis: XREADGROUP COUNT --batch, look at every entry's key, one XACK per batch.
-//              Tuned like the adapter: the XREADGROUP for the next batch is sent before the XACK
-//              of this one, so both go in one write and Redis reads ahead while the client
-//              works. No dedup.
+//              Pipelined like the adapter: the XREADGROUP for the next batch is sent before this
+//              batch is looked at, and an XACK's reply is read only once the next batch came, so
+//              Redis works while the client does. No dedup.
 //   (b) memory idem::Consumer (batch_size --batch) over the Redis Streams broker, memory store.
 //   (c) log    the same with the embedded log store, sync=always, in a fresh temporary directory.
 //   (x) broker the broker alone (Poll + Acknowledge, no Consumer, no store), only with --only
@@ -23,12 +23,14 @@
 // It deletes and writes the stream "idem-bench:orders": never point it at a server holding
 // data you want.
 #include <hiredis/hiredis.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -159,13 +161,38 @@ void Fill(const Flags& f) {
               entries.front().payload.size(), secs);
 }
 
+// Seconds of CPU Redis used so far (INFO cpu: used_cpu_user + used_cpu_sys).
+double ServerCpu(const Flags& f) {
+  Plain p(f.redis);
+  Reply info = p.Call({"INFO", "cpu"});
+  const std::string text(info->str, info->len);
+  double total = 0;
+  for (const char* name : {"used_cpu_user:", "used_cpu_sys:"}) {
+    const std::size_t at = text.find(name);
+    if (at != std::string::npos) total += std::stod(text.substr(at + std::strlen(name)));
+  }
+  return total;
+}
+
+// Seconds of CPU this process used so far.
+double ClientCpu() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& tv) {
+    return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6;
+  };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
 std::string NewGroup(const Flags& f, const std::string& name) {
   Plain p(f.redis);
   p.Call({"XGROUP", "CREATE", kStream, name, "0"});
   return name;
 }
 
-// (a): returns the entries settled.
+// (a): returns the entries settled. The same pipelining as the adapter: the next batch's
+// XREADGROUP goes out before this batch is looked at, and each XACK's reply is read only after
+// the next batch came (Redis answers in order: XACK(n-1), batch n+1, XACK(n), ...).
 long long RunPlain(const Flags& f, const std::string& group) {
   Plain p(f.redis);
   const std::string count = std::to_string(f.batch);
@@ -173,6 +200,7 @@ long long RunPlain(const Flags& f, const std::string& group) {
                                               count,        "STREAMS", kStream, ">"};
   long long settled = 0;
   std::size_t keys = 0;
+  int unread_acks = 0;
   Reply batch = p.Call(read);
   std::vector<std::string_view> ack;
   while (batch->type == REDIS_REPLY_ARRAY && batch->elements > 0) {
@@ -191,11 +219,14 @@ long long RunPlain(const Flags& f, const std::string& group) {
       }
     }
     p.Append(ack);
-    Reply next = p.Read();
-    Reply acked = p.Read();
-    settled += acked->integer;
-    batch = std::move(next);
+    p.Flush();
+    if (++unread_acks > 1) {
+      settled += p.Read()->integer;  // the previous batch's XACK
+      --unread_acks;
+    }
+    batch = p.Read();
   }
+  for (; unread_acks > 0; --unread_acks) settled += p.Read()->integer;
   if (keys == 0) Die("no keys seen");
   return settled;
 }
@@ -286,19 +317,27 @@ int main(int argc, char** argv) {
         if (!log) Die(log.error().ToString());
         store = std::move(*log);
       }
+      const double server0 = ServerCpu(f);
+      const double client0 = ClientCpu();
       const auto t0 = SteadyClock::now();
       const long long settled = which == 'a'   ? RunPlain(f, group)
                                 : which == 'x' ? RunBroker(f, group)
                                                : RunIdem(f, group, *store);
       const double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+      const double client_cpu = ClientCpu() - client0;
+      const double server_cpu = ServerCpu(f) - server0;
       if (settled != f.messages) {
         Die(std::string(1, which) + " settled " + std::to_string(settled) + " of " +
             std::to_string(f.messages));
       }
       const double rate = static_cast<double>(settled) / secs;
       rates[which].push_back(rate);
-      std::printf("round %d  (%c) %-24s %9.0f msg/s  (%.2f s)\n", round + 1, which,
-                  names.at(which).c_str(), rate, secs);
+      // CPU per message on each side shows which one is the bottleneck.
+      std::printf(
+          "round %d  (%c) %-24s %9.0f msg/s  (%.2f s; cpu/msg: client %.2f us, redis %.2f us)\n",
+          round + 1, which, names.at(which).c_str(), rate, secs,
+          client_cpu * 1e6 / static_cast<double>(settled),
+          server_cpu * 1e6 / static_cast<double>(settled));
       std::fflush(stdout);
       store.reset();
       if (!dir.empty()) std::filesystem::remove_all(dir);

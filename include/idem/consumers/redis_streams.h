@@ -24,10 +24,16 @@
 // Touch resets their idle time (XCLAIM ... JUSTID) so that no other consumer claims them; held
 // entries are touched the same way every `claim_interval`.
 //
+// Pipelining: a Poll that returns a full batch already asks for the next one (read-ahead), and
+// Acknowledge sends its XACKs without waiting for their answers, which a later call reads. So
+// Redis reads the next batch and acknowledges the last one while the consumer works.
+//
 // Failures: a connection that breaks, a server that does not answer within `timeout`, or an
 // error reply gives kUnavailable; the next call reconnects (and creates the group again when
-// `create_group`). A reply that was lost may have taken effect: an XACK that seemed to fail
-// may have happened, a dead letter may be published twice (the DLQ key header says so).
+// `create_group`) and reads this consumer's pending list again. An XACK that fails after
+// Acknowledge returned fails the next call instead, and its entries are delivered again (the
+// store answers Replay). A reply that was lost may have taken effect: an XACK that seemed to
+// fail may have happened, a dead letter may be published twice (the DLQ key header says so).
 //
 // One consumer thread uses the broker (Poll, Acknowledge, Redeliver, DeadLetter, Touch);
 // Health may be called from any thread at the same time (it has its own connection).

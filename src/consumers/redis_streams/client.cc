@@ -1,6 +1,10 @@
 #include "consumers/redis_streams/client.h"
 
+#include <sys/socket.h>
 #include <sys/time.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <string>
 #include <utility>
@@ -102,17 +106,36 @@ void Client::Append(const Args& args) {
   }
 }
 
+// hiredis writes with write(2), which raises SIGPIPE on a connection the server closed and
+// kills a process that did not ignore it; a library must not change that for its process.
+// So the client sends hiredis's output buffer itself with MSG_NOSIGNAL, and hiredis, finding
+// the buffer empty, only reads.
 Status Client::Flush() {
   if (broken_) return UnavailableError(where_ + ": broken connection");
-  int done = 0;
-  while (done == 0) {
-    if (redisBufferWrite(context_, &done) != REDIS_OK) return Fail("write");
+  sds& out = context_->obuf;
+  while (sdslen(out) > 0) {
+    const ssize_t n = ::send(context_->fd, out, sdslen(out), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      broken_ = true;
+      const bool slow = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+      return UnavailableError(
+          where_ + ": write: " +
+          (slow ? "no progress within " + std::to_string(timeout_.count()) + " ms"
+                : std::string(n < 0 ? std::strerror(errno) : "closed")));
+    }
+    // sdsrange(out, n, -1), without calling it: hiredis 0.14 declares sds.h's functions
+    // without extern "C", so C++ cannot link them; sdslen and sdssetlen are inline.
+    const std::size_t rest = sdslen(out) - static_cast<std::size_t>(n);
+    std::memmove(out, out + n, rest);
+    out[rest] = '\0';
+    sdssetlen(out, rest);
   }
   return OkStatus();
 }
 
 Result<Reply> Client::Read() {
-  if (broken_) return UnavailableError(where_ + ": broken connection");
+  IDEM_RETURN_IF_ERROR(Flush());
   void* reply = nullptr;
   if (redisGetReply(context_, &reply) != REDIS_OK || reply == nullptr) return Fail("read");
   return Reply(static_cast<redisReply*>(reply));

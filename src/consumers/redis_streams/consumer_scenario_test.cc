@@ -27,6 +27,7 @@ using std::chrono::milliseconds;
 using ::testing::ElementsAre;
 using SteadyClock = std::chrono::steady_clock;
 using testing::PendingCount;
+using testing::PendingCountSettled;
 using testing::SharedUrl;
 using testing::Unique;
 
@@ -97,7 +98,7 @@ TEST(RedisStreamsScenarioTest, HandlerFailingTwiceRunsThreeTimesAndIsAcknowledge
   EXPECT_EQ(counts.executed, 1u);
   EXPECT_EQ(counts.replayed, 1u);  // the second entry with the same key
   EXPECT_EQ(counts.dead_lettered, 0u);
-  EXPECT_EQ(PendingCount(url, stream), 0);
+  EXPECT_EQ(PendingCountSettled(url, stream, 0), 0);
   auto dlq = ReadStream(url, stream + ".dlq");
   ASSERT_TRUE(dlq.has_value());
   EXPECT_TRUE(dlq->empty());
@@ -133,7 +134,7 @@ TEST(RedisStreamsScenarioTest, HandlerAlwaysFailingIsDeadLetteredAfterMaxAttempt
   EXPECT_EQ(HeaderOf(d, kDlqErrorHeader), "downstream is down");
   EXPECT_EQ(HeaderOf(d, kDlqKeyHeader), "pay-7");
   EXPECT_EQ(HeaderOf(d, kDlqSourceHeader), stream + "@" + *id);
-  EXPECT_EQ(PendingCount(url, stream), 0);
+  EXPECT_EQ(PendingCountSettled(url, stream, 0), 0);
   // Settled: more rounds neither run it nor dead-letter it again.
   for (int i = 0; i < 3; ++i) (void)consumer.RunOnce();
   EXPECT_EQ(runs, 3);

@@ -7,12 +7,15 @@
 // nothing newer of that stream is read from Redis, so held entries always come out before any
 // later entry of their stream.
 //
-// Read-ahead: when a Poll returns a full batch, it sends the XREADGROUP for the next batch
-// before returning, without waiting for the reply, so that Redis reads the next batch while
-// the consumer works on this one (Redis and the consumer run on different cores). The reply is
-// read by the next call that talks to Redis and its entries go to `held`. The entries are
-// pending on this consumer from then on, like any delivered entry: a crash leaves them to be
-// read back from the pending list.
+// Pipelining, so that Redis works while the consumer does (they run on different cores):
+//  - Read-ahead: when a Poll returns a full batch, it sends the XREADGROUP for the next batch
+//    before returning, without waiting for the reply. The next Poll reads the reply and its
+//    entries go to `held`. They are pending on this consumer from then on, like any delivered
+//    entry: a crash leaves them to be read back from the pending list.
+//  - Acknowledge sends its XACKs and returns; their replies are read by a later call, and a
+//    failed XACK fails that call (kUnavailable) and reconnects, after which the entries are
+//    read back from the pending list and delivered again (the store answers Replay).
+// `expected_` lists the replies still to be read, in order.
 #include "idem/consumers/redis_streams.h"
 
 #include <algorithm>
@@ -33,6 +36,7 @@ using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr std::string_view kCaughtUp = "";  // the pending cursor once the list is read
+constexpr std::size_t kMaxUnread = 64;      // replies left unread before Acknowledge reads them
 
 struct Held {
   EntryId id;
@@ -89,6 +93,11 @@ class RedisStreamsBroker final : public Broker {
     for (const std::string& name : config_.streams) streams_.push_back(Stream{.name = name});
   }
 
+  // Reads the replies of the last XACKs (best effort), so that they are not cut off.
+  ~RedisStreamsBroker() override {
+    if (client_ != nullptr && !client_->broken()) (void)Collect(/*all=*/true);
+  }
+
   std::string_view Name() const override { return "redis"; }
 
   // Connects and creates (or checks) the group on every stream.
@@ -106,11 +115,17 @@ class RedisStreamsBroker final : public Broker {
   Status Ready();
   // Drops the connection; the next call reconnects and reads the pending lists again.
   Status Broken(Status status);
-  // Reads the reply to a read-ahead, if one is outstanding, into `held`.
-  Status CollectReadAhead();
+  // Reads outstanding replies in order: all of them, or (`all` false) up to the last
+  // read-ahead, leaving the XACK replies behind it unread.
+  Status Collect(bool all);
   // The stream a message came from.
   Result<std::size_t> StreamOf(const BrokerMessage& m) const;
   std::size_t StreamNamed(std::string_view name) const;
+  // An XREADGROUP reply's entries, per stream.
+  Status ParseRead(const redisReply& reply,
+                   std::vector<std::vector<ParsedEntry>>& per_stream) const;
+  // A read-ahead's entries go to `held`.
+  Status TakeReadAhead(const redisReply& reply);
 
   // Poll's steps; each adds to `out` at most `max` entries in all, the rest go to `held`.
   void TakeDue(SteadyClock::time_point now, std::size_t max, std::vector<BrokerMessage>& out);
@@ -135,7 +150,9 @@ class RedisStreamsBroker final : public Broker {
   const std::string claim_idle_;
   std::vector<Stream> streams_;
   std::unique_ptr<Client> client_;
-  bool read_ahead_ = false;  // an XREADGROUP was sent and its reply not read yet
+  enum class Expect : std::uint8_t { kReadAhead, kAck };
+  std::deque<Expect> expected_;  // replies sent for and not read yet, in order
+  std::size_t read_aheads_ = 0;  // of them, kReadAhead
   SteadyClock::time_point next_claim_{};
 
   std::mutex health_mu_;
@@ -190,7 +207,8 @@ Status RedisStreamsBroker::Connect(bool check_group) {
     }
   }
   client_ = std::move(*client);
-  read_ahead_ = false;
+  expected_.clear();
+  read_aheads_ = 0;
   for (Stream& s : streams_) {
     s.pending_cursor = "0";
     s.claim_cursor = "0-0";
@@ -207,7 +225,8 @@ Status RedisStreamsBroker::Ready() {
 
 Status RedisStreamsBroker::Broken(Status status) {
   client_.reset();
-  read_ahead_ = false;
+  expected_.clear();
+  read_aheads_ = 0;
   return status;
 }
 
@@ -251,17 +270,31 @@ void RedisStreamsBroker::Deliver(std::size_t s, std::vector<ParsedEntry>& entrie
   }
 }
 
-Status RedisStreamsBroker::CollectReadAhead() {
-  if (!read_ahead_) return OkStatus();
-  read_ahead_ = false;
-  auto r = client_->Read();
-  if (!r) return r.error();
-  const redisReply& reply = **r;
-  if (reply.type == REDIS_REPLY_NIL) return OkStatus();
+Status RedisStreamsBroker::Collect(bool all) {
+  while (!expected_.empty() && (all || read_aheads_ > 0)) {
+    const Expect expect = expected_.front();
+    expected_.pop_front();
+    auto r = client_->Read();
+    if (!r) return r.error();
+    if (expect == Expect::kAck) {
+      if ((*r)->type != REDIS_REPLY_INTEGER) {
+        return UnavailableError(client_->where() + ": XACK answered " + Describe(**r));
+      }
+      continue;
+    }
+    --read_aheads_;
+    IDEM_RETURN_IF_ERROR(TakeReadAhead(**r));
+  }
+  return OkStatus();
+}
+
+Status RedisStreamsBroker::ParseRead(const redisReply& reply,
+                                     std::vector<std::vector<ParsedEntry>>& per_stream) const {
+  per_stream.resize(streams_.size());
+  if (reply.type == REDIS_REPLY_NIL) return OkStatus();  // nothing new
   if (reply.type != REDIS_REPLY_ARRAY) {
     return UnavailableError(client_->where() + ": XREADGROUP answered " + Describe(reply));
   }
-  std::vector<ParsedEntry> entries;
   for (std::size_t i = 0; i < reply.elements; ++i) {
     const redisReply& pair = *reply.element[i];
     if (pair.type != REDIS_REPLY_ARRAY || pair.elements != 2) {
@@ -269,10 +302,17 @@ Status RedisStreamsBroker::CollectReadAhead() {
     }
     const std::size_t s = StreamNamed(Text(*pair.element[0]));
     if (s == streams_.size()) continue;
-    entries.clear();
     IDEM_RETURN_IF_ERROR(
-        ParseEntries(*pair.element[1], streams_[s].name, config_.payload_field, entries));
-    for (ParsedEntry& e : entries) {
+        ParseEntries(*pair.element[1], streams_[s].name, config_.payload_field, per_stream[s]));
+  }
+  return OkStatus();
+}
+
+Status RedisStreamsBroker::TakeReadAhead(const redisReply& reply) {
+  std::vector<std::vector<ParsedEntry>> per_stream;
+  IDEM_RETURN_IF_ERROR(ParseRead(reply, per_stream));
+  for (std::size_t s = 0; s < per_stream.size(); ++s) {
+    for (ParsedEntry& e : per_stream[s]) {
       e.message.handle = s;
       Hold(s, Held{.id = e.id, .due = {}, .redelivery = false, .message = std::move(e.message)});
     }
@@ -356,24 +396,8 @@ Status RedisStreamsBroker::ReadPending(std::size_t max, const std::vector<char>&
   for (const std::size_t s : asked) args.Add(streams_[s].pending_cursor);
   auto r = client_->Call(args);
   if (!r) return r.error();
-  const redisReply& reply = **r;
-  if (reply.type != REDIS_REPLY_ARRAY && reply.type != REDIS_REPLY_NIL) {
-    return UnavailableError(client_->where() + ": XREADGROUP (pending) answered " +
-                            Describe(reply));
-  }
-  std::vector<std::vector<ParsedEntry>> per_stream(streams_.size());
-  std::vector<char> answered(streams_.size(), 0);
-  for (std::size_t i = 0; reply.type == REDIS_REPLY_ARRAY && i < reply.elements; ++i) {
-    const redisReply& pair = *reply.element[i];
-    if (pair.type != REDIS_REPLY_ARRAY || pair.elements != 2) {
-      return InternalError("XREADGROUP answered " + Describe(pair));
-    }
-    const std::size_t s = StreamNamed(Text(*pair.element[0]));
-    if (s == streams_.size()) continue;
-    answered[s] = 1;
-    IDEM_RETURN_IF_ERROR(
-        ParseEntries(*pair.element[1], streams_[s].name, config_.payload_field, per_stream[s]));
-  }
+  std::vector<std::vector<ParsedEntry>> per_stream;
+  IDEM_RETURN_IF_ERROR(ParseRead(**r, per_stream));
   // Entries deleted from the stream while pending have nothing to deliver: acknowledge them.
   std::size_t acks = 0;
   for (const std::size_t s : asked) {
@@ -495,31 +519,16 @@ Status RedisStreamsBroker::ReadNew(std::size_t max, milliseconds block,
   auto r = client_->Read();
   if (!r) return r.error();
   IDEM_RETURN_IF_ERROR(client_->SetTimeout(config_.timeout));
-  const redisReply& reply = **r;
-  if (reply.type == REDIS_REPLY_NIL) return OkStatus();
-  if (reply.type != REDIS_REPLY_ARRAY) {
-    return UnavailableError(client_->where() + ": XREADGROUP answered " + Describe(reply));
-  }
-  std::vector<ParsedEntry> entries;
-  for (std::size_t i = 0; i < reply.elements; ++i) {
-    const redisReply& pair = *reply.element[i];
-    if (pair.type != REDIS_REPLY_ARRAY || pair.elements != 2) {
-      return InternalError("XREADGROUP answered " + Describe(pair));
-    }
-    const std::size_t s = StreamNamed(Text(*pair.element[0]));
-    if (s == streams_.size()) continue;
-    entries.clear();
-    IDEM_RETURN_IF_ERROR(
-        ParseEntries(*pair.element[1], streams_[s].name, config_.payload_field, entries));
-    Deliver(s, entries, max, out);
-  }
+  std::vector<std::vector<ParsedEntry>> per_stream;
+  IDEM_RETURN_IF_ERROR(ParseRead(**r, per_stream));
+  for (std::size_t s = 0; s < per_stream.size(); ++s) Deliver(s, per_stream[s], max, out);
   return OkStatus();
 }
 
 Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, milliseconds wait) {
   max = std::max<std::size_t>(max, 1);
   if (Status s = Ready(); !s.ok()) return Broken(s);
-  if (Status s = CollectReadAhead(); !s.ok()) return Broken(s);
+  if (Status s = Collect(/*all=*/false); !s.ok()) return Broken(s);
   std::vector<BrokerMessage> out;
   out.reserve(max);
   // A stream that had held entries delivers no entry read back or claimed in this Poll: those
@@ -529,6 +538,10 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
 
   SteadyClock::time_point now = SteadyClock::now();
   TakeDue(now, max, out);
+  // The steps below wait for their own replies: read the XACK replies before them first.
+  if (out.size() < max) {
+    if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+  }
   if (out.size() < max) {
     if (Status s = ReadPending(max, had_held, out); !s.ok()) return Broken(s);
   }
@@ -556,7 +569,8 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
   }
   if (out.size() == max && AppendReadNew(max, milliseconds(0))) {
     if (Status s = client_->Flush(); !s.ok()) return Broken(s);
-    read_ahead_ = true;
+    expected_.push_back(Expect::kReadAhead);
+    ++read_aheads_;
   }
   return out;
 }
@@ -571,19 +585,15 @@ Status RedisStreamsBroker::Acknowledge(std::span<const BrokerMessage* const> mes
     if (acks[*s].size() == 0) acks[*s].Add("XACK").Add(streams_[*s].name).Add(config_.group);
     acks[*s].Add(m->position);
   }
-  std::size_t sent = 0;
   for (const Args& a : acks) {
     if (a.size() == 0) continue;
     client_->Append(a);
-    ++sent;
+    expected_.push_back(Expect::kAck);
   }
-  if (Status s = CollectReadAhead(); !s.ok()) return Broken(s);
-  for (; sent > 0; --sent) {
-    auto r = client_->Read();
-    if (!r) return Broken(r.error());
-    if ((*r)->type != REDIS_REPLY_INTEGER) {
-      return Broken(UnavailableError(client_->where() + ": XACK answered " + Describe(**r)));
-    }
+  if (Status s = client_->Flush(); !s.ok()) return Broken(s);
+  // A caller that only acknowledges (no Poll in between) still reads its replies now and then.
+  if (expected_.size() > kMaxUnread) {
+    if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   }
   return OkStatus();
 }
@@ -612,8 +622,8 @@ Status RedisStreamsBroker::DeadLetter(const BrokerMessage& message, const DeadLe
   Args args;
   args.Add("XADD").Add(config_.dlq_stream).Add("*").Add(config_.payload_field).Add(message.payload);
   for (const auto& [name, value] : headers) args.Add(name).Add(value);
+  if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   client_->Append(args);
-  if (Status s = CollectReadAhead(); !s.ok()) return Broken(s);
   auto r = client_->Read();
   if (!r) return Broken(r.error());
   if ((*r)->type != REDIS_REPLY_STRING) {
@@ -640,6 +650,7 @@ Status RedisStreamsBroker::Touch(std::span<const BrokerMessage* const> messages)
     }
     claims[*s].Add(m->position);
   }
+  if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   std::size_t sent = 0;
   for (Args& a : claims) {
     if (a.size() == 0) continue;
@@ -647,7 +658,6 @@ Status RedisStreamsBroker::Touch(std::span<const BrokerMessage* const> messages)
     client_->Append(a);
     ++sent;
   }
-  if (Status s = CollectReadAhead(); !s.ok()) return Broken(s);
   for (; sent > 0; --sent) {
     auto r = client_->Read();
     if (!r) return Broken(r.error());

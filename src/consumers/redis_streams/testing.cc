@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "consumers/redis_streams/client.h"
 #include "tests/support/servers.h"
@@ -36,6 +37,16 @@ long long PendingCount(const std::string& url, const std::string& stream,
     return -1;
   }
   return (*r)->element[0]->integer;
+}
+
+long long PendingCountSettled(const std::string& url, const std::string& stream, long long expected,
+                              const std::string& group) {
+  long long n = PendingCount(url, stream, group);
+  for (int i = 0; i < 200 && n != expected; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = PendingCount(url, stream, group);
+  }
+  return n;
 }
 
 }  // namespace idem::redis_streams::testing

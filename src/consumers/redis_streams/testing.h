@@ -17,6 +17,11 @@ std::string Unique(std::string_view what);
 long long PendingCount(const std::string& url, const std::string& stream,
                        const std::string& group = "g");
 
+// PendingCount once it is `expected`, or after about two seconds whatever it is then.
+// Acknowledge does not wait for the XACK's answer, so another connection may ask first.
+long long PendingCountSettled(const std::string& url, const std::string& stream, long long expected,
+                              const std::string& group = "g");
+
 }  // namespace idem::redis_streams::testing
 
 #endif  // IDEM_CONSUMERS_REDIS_STREAMS_TESTING_H_
