@@ -4,6 +4,7 @@
 #include <sys/time.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include <string>
@@ -96,14 +97,26 @@ Status Client::Fail(std::string_view what) {
   return UnavailableError(where_ + ": " + std::string(what) + ": " + why);
 }
 
+// The command in RESP, formatted here rather than by redisAppendCommandArgv, whose sdscatfmt
+// took a tenth of a consumer's time on XACKs of a few hundred ids.
 void Client::Append(const Args& args) {
   if (broken_) return;
-  // hiredis 0.14 takes `const char**` but does not change the array.
-  if (redisAppendCommandArgv(context_, static_cast<int>(args.words_.size()),
-                             const_cast<const char**>(args.words_.data()),
-                             args.sizes_.data()) != REDIS_OK) {
-    broken_ = true;
+  std::string& out = scratch_;
+  out.clear();
+  char digits[24];
+  auto number = [&](char kind, std::size_t n) {
+    out.push_back(kind);
+    const auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
+    out.append(digits, end);
+    out.append("\r\n");
+  };
+  number('*', args.words_.size());
+  for (std::size_t i = 0; i < args.words_.size(); ++i) {
+    number('$', args.sizes_[i]);
+    out.append(args.words_[i], args.sizes_[i]);
+    out.append("\r\n");
   }
+  if (redisAppendFormattedCommand(context_, out.data(), out.size()) != REDIS_OK) broken_ = true;
 }
 
 // hiredis writes with write(2), which raises SIGPIPE on a connection the server closed and

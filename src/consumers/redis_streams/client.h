@@ -84,6 +84,7 @@ class Client {
   std::string where_;
   std::chrono::milliseconds timeout_{0};
   bool broken_ = false;
+  std::string scratch_;  // Append's formatting buffer
 };
 
 using redis::Describe;  // "error \"ERR ...\"", "integer 5", ... for messages

@@ -39,6 +39,12 @@ struct ParsedEntry {
 Status ParseEntries(const redisReply& list, std::string_view stream, std::string_view payload_field,
                     std::vector<ParsedEntry>& out);
 
+// The same for new entries (XREADGROUP ... >: none is deleted), straight into messages with
+// `handle`.
+Status ParseMessages(const redisReply& list, std::string_view stream,
+                     std::string_view payload_field, std::uint64_t handle,
+                     std::vector<BrokerMessage>& out);
+
 }  // namespace idem::redis_streams
 
 #endif  // IDEM_CONSUMERS_REDIS_STREAMS_ENTRIES_H_

@@ -1,11 +1,13 @@
 // The Redis Streams broker (include/idem/consumers/redis_streams.h).
 //
-// Per stream the broker keeps `held`: entries it read from Redis but has not handed out yet,
-// sorted by entry id, each with the time it may be handed out. Redeliver puts entries there
-// with a delay; entries read beyond a Poll's `max` (XREADGROUP's COUNT is per stream) and
-// read ahead (below) wait there too, due at once. Invariant: while a stream has held entries,
-// nothing newer of that stream is read from Redis, so held entries always come out before any
-// later entry of their stream.
+// Per stream the broker keeps entries it read from Redis but has not handed out yet:
+//  - `held`, sorted by entry id, each with the time it may be handed out: entries handed back
+//    by Redeliver (with their delay), and read back or claimed beyond a Poll's `max` (due now);
+//  - then `ready`: new entries (XREADGROUP ... >) read ahead or beyond a Poll's `max`
+//    (XREADGROUP's COUNT is per stream), all newer than the held ones.
+// Invariant: while a stream has entries waiting in either, nothing newer of that stream is read
+// from Redis, and `ready` waits for `held` to empty; so entries come out in stream order, and
+// handed-back ones before any later entry of their stream.
 //
 // Pipelining, so that Redis works while the consumer does (they run on different cores):
 //  - Read-ahead: when a Poll returns a full batch, it sends the XREADGROUP for the next batch
@@ -51,9 +53,12 @@ struct Stream {
   // until the list is read to its end; only then are new entries (">") read.
   std::string pending_cursor = "0";
   std::string claim_cursor = "0-0";
-  std::deque<Held> held{};  // sorted by id
+  std::deque<Held> held{};             // sorted by id
+  std::vector<BrokerMessage> ready{};  // in stream order, after `held`
+  std::size_t ready_taken = 0;         // ready[0, ready_taken) were handed out already
 
   bool recovering() const { return !pending_cursor.empty(); }
+  bool waiting() const { return !held.empty() || ready_taken < ready.size(); }
 };
 
 Status ValidateConfig(const RedisStreamsConfig& c) {
@@ -121,13 +126,13 @@ class RedisStreamsBroker final : public Broker {
   // The stream a message came from.
   Result<std::size_t> StreamOf(const BrokerMessage& m) const;
   std::size_t StreamNamed(std::string_view name) const;
-  // An XREADGROUP reply's entries, per stream.
+  // An XREADGROUP reply's entries with their ids, per stream.
   Status ParseRead(const redisReply& reply,
                    std::vector<std::vector<ParsedEntry>>& per_stream) const;
-  // A read-ahead's entries go to `held`.
-  Status TakeReadAhead(const redisReply& reply);
+  // A new entries' read (XREADGROUP ... >): its entries go to `ready`.
+  Status TakeNew(const redisReply& reply);
 
-  // Poll's steps; each adds to `out` at most `max` entries in all, the rest go to `held`.
+  // Poll's steps; each adds to `out` at most `max` entries in all, the rest wait.
   void TakeDue(SteadyClock::time_point now, std::size_t max, std::vector<BrokerMessage>& out);
   Status ReadPending(std::size_t max, const std::vector<char>& skip,
                      std::vector<BrokerMessage>& out);
@@ -142,7 +147,7 @@ class RedisStreamsBroker final : public Broker {
   void Deliver(std::size_t s, std::vector<ParsedEntry>& entries, std::size_t max,
                std::vector<BrokerMessage>& out);
   void Hold(std::size_t s, Held held);
-  // XCLAIM ... JUSTID of the held entries, so that no other consumer takes them over.
+  // XCLAIM ... JUSTID of the waiting entries, so that no other consumer takes them over.
   void AppendTouchHeld(std::size_t& replies);
 
   const RedisStreamsConfig config_;
@@ -262,7 +267,7 @@ void RedisStreamsBroker::Deliver(std::size_t s, std::vector<ParsedEntry>& entrie
                                  std::vector<BrokerMessage>& out) {
   for (ParsedEntry& e : entries) {
     e.message.handle = s;
-    if (out.size() < max && streams_[s].held.empty()) {
+    if (out.size() < max && !streams_[s].waiting()) {
       out.push_back(std::move(e.message));
     } else {
       Hold(s, Held{.id = e.id, .due = {}, .redelivery = false, .message = std::move(e.message)});
@@ -283,7 +288,7 @@ Status RedisStreamsBroker::Collect(bool all) {
       continue;
     }
     --read_aheads_;
-    IDEM_RETURN_IF_ERROR(TakeReadAhead(**r));
+    IDEM_RETURN_IF_ERROR(TakeNew(**r));
   }
   return OkStatus();
 }
@@ -308,14 +313,25 @@ Status RedisStreamsBroker::ParseRead(const redisReply& reply,
   return OkStatus();
 }
 
-Status RedisStreamsBroker::TakeReadAhead(const redisReply& reply) {
-  std::vector<std::vector<ParsedEntry>> per_stream;
-  IDEM_RETURN_IF_ERROR(ParseRead(reply, per_stream));
-  for (std::size_t s = 0; s < per_stream.size(); ++s) {
-    for (ParsedEntry& e : per_stream[s]) {
-      e.message.handle = s;
-      Hold(s, Held{.id = e.id, .due = {}, .redelivery = false, .message = std::move(e.message)});
+Status RedisStreamsBroker::TakeNew(const redisReply& reply) {
+  if (reply.type == REDIS_REPLY_NIL) return OkStatus();  // nothing new
+  if (reply.type != REDIS_REPLY_ARRAY) {
+    return UnavailableError(client_->where() + ": XREADGROUP answered " + Describe(reply));
+  }
+  for (std::size_t i = 0; i < reply.elements; ++i) {
+    const redisReply& pair = *reply.element[i];
+    if (pair.type != REDIS_REPLY_ARRAY || pair.elements != 2) {
+      return InternalError("XREADGROUP answered " + Describe(pair));
     }
+    const std::size_t s = StreamNamed(Text(*pair.element[0]));
+    if (s == streams_.size()) continue;
+    Stream& st = streams_[s];
+    if (st.ready_taken == st.ready.size()) {
+      st.ready.clear();
+      st.ready_taken = 0;
+    }
+    IDEM_RETURN_IF_ERROR(
+        ParseMessages(*pair.element[1], st.name, config_.payload_field, s, st.ready));
   }
   return OkStatus();
 }
@@ -328,6 +344,17 @@ void RedisStreamsBroker::TakeDue(SteadyClock::time_point now, std::size_t max,
       if (h.redelivery) ++h.message.deliveries;
       out.push_back(std::move(h.message));
       s.held.pop_front();
+    }
+    if (!s.held.empty() || s.ready_taken == s.ready.size()) continue;
+    if (out.empty() && s.ready_taken == 0 && s.ready.size() <= max) {
+      out.swap(s.ready);  // the common case: one read-ahead batch is the whole Poll
+    } else {
+      const std::size_t n = std::min(max - out.size(), s.ready.size() - s.ready_taken);
+      for (std::size_t i = 0; i < n; ++i) out.push_back(std::move(s.ready[s.ready_taken++]));
+    }
+    if (s.ready_taken == s.ready.size()) {
+      s.ready.clear();
+      s.ready_taken = 0;
     }
   }
 }
@@ -387,7 +414,7 @@ Status RedisStreamsBroker::ReadPending(std::size_t max, const std::vector<char>&
   args.Add("STREAMS");
   std::vector<std::size_t> asked;
   for (std::size_t s = 0; s < streams_.size(); ++s) {
-    if (streams_[s].recovering() && skip[s] == 0 && streams_[s].held.empty()) {
+    if (streams_[s].recovering() && skip[s] == 0 && !streams_[s].waiting()) {
       args.Add(streams_[s].name);
       asked.push_back(s);
     }
@@ -429,10 +456,11 @@ Status RedisStreamsBroker::ReadPending(std::size_t max, const std::vector<char>&
 
 void RedisStreamsBroker::AppendTouchHeld(std::size_t& replies) {
   for (const Stream& s : streams_) {
-    if (s.held.empty()) continue;
+    if (!s.waiting()) continue;
     Args args;
     args.Add("XCLAIM").Add(s.name).Add(config_.group).Add(config_.consumer).Add("0");
     for (const Held& h : s.held) args.Add(h.message.position);
+    for (std::size_t i = s.ready_taken; i < s.ready.size(); ++i) args.Add(s.ready[i].position);
     args.Add("JUSTID");
     client_->Append(args);
     ++replies;
@@ -447,7 +475,7 @@ Status RedisStreamsBroker::Claim(SteadyClock::time_point now, std::size_t max,
   std::vector<std::size_t> asked;
   for (std::size_t s = 0; s < streams_.size(); ++s) {
     const Stream& st = streams_[s];
-    if (st.recovering() || skip[s] != 0 || !st.held.empty()) continue;
+    if (st.recovering() || skip[s] != 0 || st.waiting()) continue;
     client_->Append(Args()
                         .Add("XAUTOCLAIM")
                         .Add(st.name)
@@ -501,7 +529,7 @@ bool RedisStreamsBroker::AppendReadNew(std::size_t count, milliseconds block) {
   args.Add("STREAMS");
   std::size_t n = 0;
   for (const Stream& s : streams_) {
-    if (!s.recovering() && s.held.empty()) {
+    if (!s.recovering() && !s.waiting()) {
       args.Add(s.name);
       ++n;
     }
@@ -519,9 +547,8 @@ Status RedisStreamsBroker::ReadNew(std::size_t max, milliseconds block,
   auto r = client_->Read();
   if (!r) return r.error();
   IDEM_RETURN_IF_ERROR(client_->SetTimeout(config_.timeout));
-  std::vector<std::vector<ParsedEntry>> per_stream;
-  IDEM_RETURN_IF_ERROR(ParseRead(**r, per_stream));
-  for (std::size_t s = 0; s < per_stream.size(); ++s) Deliver(s, per_stream[s], max, out);
+  IDEM_RETURN_IF_ERROR(TakeNew(**r));
+  TakeDue(SteadyClock::now(), max, out);
   return OkStatus();
 }
 
@@ -531,10 +558,10 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
   if (Status s = Collect(/*all=*/false); !s.ok()) return Broken(s);
   std::vector<BrokerMessage> out;
   out.reserve(max);
-  // A stream that had held entries delivers no entry read back or claimed in this Poll: those
-  // may be older than the held ones just handed out.
-  std::vector<char> had_held(streams_.size());
-  for (std::size_t s = 0; s < streams_.size(); ++s) had_held[s] = !streams_[s].held.empty();
+  // A stream that had entries waiting delivers no entry read back or claimed in this Poll:
+  // those may be older than the waiting ones just handed out.
+  std::vector<char> had_waiting(streams_.size());
+  for (std::size_t s = 0; s < streams_.size(); ++s) had_waiting[s] = streams_[s].waiting();
 
   SteadyClock::time_point now = SteadyClock::now();
   TakeDue(now, max, out);
@@ -543,10 +570,10 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
     if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   }
   if (out.size() < max) {
-    if (Status s = ReadPending(max, had_held, out); !s.ok()) return Broken(s);
+    if (Status s = ReadPending(max, had_waiting, out); !s.ok()) return Broken(s);
   }
   if (out.size() < max && now >= next_claim_) {
-    if (Status s = Claim(now, max, had_held, out); !s.ok()) return Broken(s);
+    if (Status s = Claim(now, max, had_waiting, out); !s.ok()) return Broken(s);
   }
   if (out.size() < max) {
     // Block only when there is nothing to return, and not past the first held entry's time.
@@ -556,7 +583,7 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
       if (!s.held.empty()) {
         const auto until = std::chrono::ceil<milliseconds>(s.held.front().due - now);
         block = std::max(milliseconds(0), std::min(block, until));
-      } else if (!s.recovering()) {
+      } else if (!s.recovering() && !s.waiting()) {
         readable = true;
       }
     }
