@@ -21,8 +21,9 @@
 //
 // Redeliver keeps the entries pending in Redis (so a crash loses none: the restarted consumer
 // reads them back from its pending list) and holds them in memory until their delay is over.
-// Touch resets their idle time (XCLAIM ... JUSTID) so that no other consumer claims them; held
-// entries are touched the same way every `claim_interval`.
+// Touch resets the idle time of the messages (XCLAIM ... JUSTID) so that no other consumer
+// claims them; entries the broker holds (handed back, or read ahead) are touched with them, and
+// by Poll every `claim_interval`.
 //
 // Pipelining: a Poll that returns a full batch already asks for the next one (read-ahead), and
 // Acknowledge sends its XACKs without waiting for their answers, which a later call reads. So

@@ -663,6 +663,8 @@ Status RedisStreamsBroker::DeadLetter(const BrokerMessage& message, const DeadLe
 Status RedisStreamsBroker::Touch(std::span<const BrokerMessage* const> messages) {
   if (messages.empty()) return OkStatus();
   if (Status s = Ready(); !s.ok()) return Broken(s);
+  // First: reading a read-ahead's reply changes the waiting entries touched below.
+  if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   std::vector<Args> claims(streams_.size());
   for (const BrokerMessage* m : messages) {
     auto s = StreamOf(*m);
@@ -677,7 +679,6 @@ Status RedisStreamsBroker::Touch(std::span<const BrokerMessage* const> messages)
     }
     claims[*s].Add(m->position);
   }
-  if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   std::size_t sent = 0;
   for (Args& a : claims) {
     if (a.size() == 0) continue;
@@ -685,6 +686,8 @@ Status RedisStreamsBroker::Touch(std::span<const BrokerMessage* const> messages)
     client_->Append(a);
     ++sent;
   }
+  // The entries waiting behind them are idle as long: keep them too.
+  AppendTouchHeld(sent);
   for (; sent > 0; --sent) {
     auto r = client_->Read();
     if (!r) return Broken(r.error());

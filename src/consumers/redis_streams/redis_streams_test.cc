@@ -266,6 +266,29 @@ TEST(RedisStreamsTest, RestartedConsumerGetsItsOwnPendingEntriesFirst) {
   EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u, 2u, 1u, 1u, 1u));
 }
 
+TEST(RedisStreamsTest, PendingEntriesDeletedFromTheStreamAreSkippedAndAcknowledged) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto ids = PublishN(url, s, 3);
+  {
+    auto broker = Open(Config(url, {s}));
+    ASSERT_EQ(PollN(*broker, 3).size(), 3u);
+  }
+  auto address = ParseAddress(url);
+  ASSERT_TRUE(address.has_value());
+  auto client = Client::Open(*address, milliseconds(2000));
+  ASSERT_TRUE(client.has_value());
+  auto del = (*client)->Call(Args().Add("XDEL").Add(s).Add(ids[1]));
+  ASSERT_TRUE(del.has_value());
+  ASSERT_EQ((*del)->integer, 1);
+
+  auto broker = Open(Config(url, {s}));
+  auto got = PollN(*broker, 2);
+  EXPECT_THAT(Positions(got), ElementsAre(ids[0], ids[2]));
+  ASSERT_TRUE(AckAll(*broker, got).ok());
+  EXPECT_EQ(PendingCountSettled(url, s, 0), 0);
+}
+
 TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
