@@ -3,6 +3,7 @@
 #   - Redis, one node                      127.0.0.1:${IDEM_REDIS_PORT:-26379}
 #   - Redis Cluster, 3 masters + 3 replicas 127.0.0.1:${IDEM_CLUSTER_BASE:-27001}..+5
 #   - PostgreSQL 15 (initdb/pg_ctl as the postgres user) 127.0.0.1:${IDEM_PG_PORT:-25432}
+#   - nats-server with JetStream (store in DIR/nats)    127.0.0.1:${IDEM_NATS_PORT:-24222}
 #
 #   scripts/servers.sh start [DIR]   starts them, waits until each answers, and writes
 #                                    DIR/env (export lines) for the tests to source
@@ -12,7 +13,9 @@
 #   IDEM_TEST_REDIS           127.0.0.1:PORT
 #   IDEM_TEST_REDIS_CLUSTER   127.0.0.1:P1,127.0.0.1:P2,... (every node, masters first)
 #   IDEM_TEST_POSTGRES        postgres://postgres@127.0.0.1:PORT/idem_test
-#   IDEM_REDIS_SERVER, IDEM_PG_BIN   where the binaries are (tests that start their own)
+#   IDEM_TEST_NATS            nats://127.0.0.1:PORT
+#   IDEM_REDIS_SERVER, IDEM_PG_BIN, IDEM_NATS_SERVER   where the binaries are (tests that start
+#                             their own)
 # A test that needs one of these and finds it unset fails; it does not skip.
 set -euo pipefail
 cmd=${1:-}
@@ -22,6 +25,8 @@ cluster_base=${IDEM_CLUSTER_BASE:-27001}
 pg_port=${IDEM_PG_PORT:-25432}
 pg_bin=${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}
 redis_server=${IDEM_REDIS_SERVER:-$(command -v redis-server || echo /usr/bin/redis-server)}
+nats_port=${IDEM_NATS_PORT:-24222}
+nats_server=${IDEM_NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
 
 alive() { # pid -> 0 if the process runs (a zombie does not)
   local s
@@ -48,6 +53,7 @@ stop_all() {
       >/dev/null 2>&1 || true
   fi
   [ -f "$dir/pg.pid" ] && stop_pid "$dir/pg.pid"
+  [ -f "$dir/nats.pid" ] && stop_pid "$dir/nats.pid"
   return 0
 }
 
@@ -78,6 +84,27 @@ start_redis() { # port [extra redis-server args...]
     --save '' --appendonly no --daemonize no --logfile "$dir/redis-$port.log" "$@" &
   echo $! >"$dir/redis-$port.pid"
   wait_redis "$port"
+}
+
+start_nats() {
+  if port_in_use "$nats_port"; then
+    echo "servers.sh: port $nats_port is in use; set IDEM_NATS_PORT" >&2
+    return 1
+  fi
+  mkdir -p "$dir/nats"
+  "$nats_server" -js -a 127.0.0.1 -p "$nats_port" -sd "$dir/nats" -l "$dir/nats.log" &
+  echo $! >"$dir/nats.pid"
+  # Ready once it accepts connections and has logged that it is (JetStream included).
+  for _ in $(seq 1 100); do
+    if port_in_use "$nats_port" && grep -q 'Server is ready' "$dir/nats.log" 2>/dev/null; then
+      return 0
+    fi
+    alive "$(cat "$dir/nats.pid")" || break
+    sleep 0.1
+  done
+  echo "servers.sh: nats-server on port $nats_port did not start; its log:" >&2
+  cat "$dir/nats.log" >&2 || true
+  return 1
 }
 
 start() {
@@ -133,14 +160,19 @@ start() {
   "$pg_bin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -q -c 'CREATE DATABASE idem_test' \
     >/dev/null
 
+  # NATS with JetStream, its store in DIR/nats.
+  start_nats
+
   cat >"$dir/env" <<EOF
 export IDEM_TEST_REDIS=127.0.0.1:$redis_port
 export IDEM_TEST_REDIS_CLUSTER=$cluster_list
 export IDEM_TEST_POSTGRES=postgres://postgres@127.0.0.1:$pg_port/idem_test
 export IDEM_REDIS_SERVER=$redis_server
 export IDEM_PG_BIN=$pg_bin
+export IDEM_TEST_NATS=nats://127.0.0.1:$nats_port
+export IDEM_NATS_SERVER=$nats_server
 EOF
-  echo "servers.sh: redis :$redis_port, cluster :$cluster_base-$((cluster_base + 5)), postgres :$pg_port; env in $dir/env"
+  echo "servers.sh: redis :$redis_port, cluster :$cluster_base-$((cluster_base + 5)), postgres :$pg_port, nats :$nats_port; env in $dir/env"
 }
 
 case "$cmd" in

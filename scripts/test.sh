@@ -21,8 +21,8 @@ run_suite() {
   ctest --test-dir "build/$preset" -j "$jobs" --output-on-failure --timeout 600 | tee -a "$summary"
 }
 
-# Redis (one node and a 3-master cluster) and PostgreSQL on loopback, for the shared-store
-# tests; stopped by pid when this script exits, however it exits.
+# Redis (one node and a 3-master cluster), PostgreSQL and a JetStream nats-server on loopback,
+# for the shared-store and broker tests; stopped by pid when this script exits, however it exits.
 servers=$(mktemp -d /tmp/idem-servers.XXXXXX)
 trap 'scripts/servers.sh stop "$servers"; rm -rf "$servers" "$summary"' EXIT
 scripts/servers.sh start "$servers"

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 namespace idem::testing {
@@ -23,6 +25,7 @@ std::string EnvOr(const char* name, std::string fallback) {
 
 std::string RedisServerPath() { return EnvOr("IDEM_REDIS_SERVER", "/usr/bin/redis-server"); }
 std::string PgBin() { return EnvOr("IDEM_PG_BIN", "/usr/lib/postgresql/15/bin"); }
+std::string NatsServerPath() { return EnvOr("IDEM_NATS_SERVER", "/usr/sbin/nats-server"); }
 constexpr const char* kRedisCli = "/usr/bin/redis-cli";
 
 // Polls `ready` every 50 ms until it is true or `timeout` passes.
@@ -376,6 +379,84 @@ Status PostgresServer::Stop() {
 
 Status PostgresServer::Restart() {
   if (Status st = Stop(); !st.ok()) return st;
+  return Launch();
+}
+
+// ---- NatsServer --------------------------------------------------------------------------
+
+Result<NatsServer> NatsServer::Start(std::filesystem::path dir, std::uint16_t port) {
+  NatsServer s;
+  s.dir_ = std::move(dir);
+  s.port_ = port;
+  std::error_code ec;
+  std::filesystem::create_directories(s.dir_ / "store", ec);
+  if (ec) return UnavailableError("mkdir " + s.dir_.string() + ": " + ec.message());
+  if (Status st = s.Launch(); !st.ok()) return st;
+  return s;
+}
+
+namespace {
+
+bool AcceptsConnections(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+Status NatsServer::Launch() {
+  // -l: a log file per start, so "Server is ready" is this start's.
+  const auto log = dir_ / "nats.log";
+  std::error_code ec;
+  std::filesystem::remove(log, ec);
+  auto child =
+      ChildProcess::Spawn(NatsServerPath(), {"-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
+                                             "-sd", (dir_ / "store").string(), "-l", log.string()});
+  if (!child) return child.status();
+  process_.emplace(std::move(*child));
+  const bool up = PollUntil(10s, [&] {
+    if (!process_->Running()) return true;  // it exited: fail at once
+    return AcceptsConnections(port_) && Log().find("Server is ready") != std::string::npos;
+  });
+  if (!up || !process_->Running()) {
+    return UnavailableError("nats-server on port " + std::to_string(port_) +
+                            " did not start; its log:\n" + Log() + process_->Stderr());
+  }
+  return Status();
+}
+
+std::string NatsServer::Log() const {
+  std::ifstream in(dir_ / "nats.log");
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+Status NatsServer::End(int signal) {
+  if (!process_) return Status();
+  if (Status st = process_->Kill(signal); !st.ok()) return st;
+  auto code = process_->Wait(15s);
+  if (!code) {
+    (void)process_->Kill(SIGKILL);
+    code = process_->Wait(10s);
+    if (!code) return code.status();
+  }
+  process_.reset();
+  return Status();
+}
+
+Status NatsServer::Kill() { return End(SIGKILL); }
+Status NatsServer::Stop() { return End(SIGTERM); }
+
+Status NatsServer::Restart() {
+  if (Status st = Kill(); !st.ok()) return st;
   return Launch();
 }
 

@@ -1,10 +1,12 @@
 // Servers a test starts for itself, so that it may stop, kill or restart them without
 // disturbing the shared servers of scripts/servers.sh: a redis-server, a Redis Cluster, a
-// PostgreSQL instance. Each runs as a ChildProcess of the test (reaped, killed on destruction).
+// PostgreSQL instance, a nats-server with JetStream. Each runs as a ChildProcess of the test
+// (reaped, killed on destruction).
 //
-// Binaries: IDEM_REDIS_SERVER (redis-server) and IDEM_PG_BIN (PostgreSQL's bin directory), as
-// scripts/servers.sh exports them, else Debian's paths; redis-cli from PATH. PostgreSQL runs as
-// the `postgres` user (setpriv, no extra process in between), since it refuses to run as root.
+// Binaries: IDEM_REDIS_SERVER (redis-server), IDEM_PG_BIN (PostgreSQL's bin directory) and
+// IDEM_NATS_SERVER (nats-server), as scripts/servers.sh exports them, else Debian's paths;
+// redis-cli from PATH. PostgreSQL runs as the `postgres` user (setpriv, no extra process in
+// between), since it refuses to run as root.
 #ifndef IDEM_TESTS_SUPPORT_SERVERS_H_
 #define IDEM_TESTS_SUPPORT_SERVERS_H_
 
@@ -119,6 +121,36 @@ class PostgresServer {
   std::uint16_t port_ = 0;
   bool fast_ = false;
   std::unique_ptr<ChildProcess> process_;
+};
+
+// One nats-server with JetStream on 127.0.0.1:port, its store under `dir` (kept across Restart).
+class NatsServer {
+ public:
+  // Starts it and waits until it accepts connections and has logged "Server is ready".
+  static Result<NatsServer> Start(std::filesystem::path dir, std::uint16_t port);
+
+  std::uint16_t port() const { return port_; }
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
+
+  // SIGKILL and reap (a crash: nothing is flushed).
+  Status Kill();
+  // SIGTERM (a clean shutdown) and reap.
+  Status Stop();
+  // Starts it again on the same port and store directory after Kill() or Stop() (or kills it
+  // first when it still runs).
+  Status Restart();
+  // What the server logged so far.
+  std::string Log() const;
+
+ private:
+  NatsServer() = default;
+  Status Launch();
+  Status End(int signal);
+
+  std::filesystem::path dir_;
+  std::uint16_t port_ = 0;
+  std::optional<ChildProcess> process_;
 };
 
 }  // namespace idem::testing

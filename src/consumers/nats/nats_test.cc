@@ -1,0 +1,598 @@
+// The NATS JetStream adapter against a real nats-server: the shared one (IDEM_TEST_NATS, from
+// scripts/servers.sh) for the Broker contract, and servers of its own (tests/support NatsServer)
+// for restarts. Every test uses streams and subjects of its own.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nats/nats.h>
+
+#include "consumers/nats/connection.h"
+#include "idem/consumers/nats.h"
+#include "tests/support/servers.h"
+
+namespace idem::nats {
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using SteadyClock = std::chrono::steady_clock;
+
+std::string SharedUrl() {
+  auto url = testing::RequiredEnv("IDEM_TEST_NATS");
+  if (!url) {
+    ADD_FAILURE() << url.error().ToString();
+    return "nats://127.0.0.1:1";
+  }
+  return *url;
+}
+
+// A name no other test (or earlier run) uses: the test's name, the pid and a random number.
+std::string Unique(std::string_view what) {
+  static std::mt19937_64 rng(std::random_device{}());
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace_if(
+      name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); },
+      '_');
+  return std::string(what) + "_" + name + "_" + std::to_string(::getpid()) + "_" +
+         std::to_string(rng() % 1'000'000);
+}
+
+// Names of one test's streams, subjects and durable.
+struct Names {
+  std::string stream = Unique("S");
+  std::string subject_prefix = Unique("s");  // subjects are subject_prefix.<x>
+  std::string durable = Unique("D");
+  std::string dlq_stream = Unique("DLQ");
+  std::string dlq_subject = Unique("dlq");
+
+  std::string Subject(std::string_view x) const { return subject_prefix + "." + std::string(x); }
+
+  NatsConsumerConfig Config(const std::string& url) const {
+    NatsConsumerConfig c;
+    c.url = url;
+    c.stream = stream;
+    c.subjects = {subject_prefix + ".>"};
+    c.durable = durable;
+    c.dlq_subject = dlq_subject;
+    c.dlq_stream = dlq_stream;
+    c.connect_timeout = 2s;
+    c.request_timeout = 2s;
+    return c;
+  }
+};
+
+std::unique_ptr<Broker> Open(const NatsConsumerConfig& c) {
+  auto b = OpenNatsConsumer(c);
+  if (!b) {
+    ADD_FAILURE() << b.error().ToString();
+    return nullptr;
+  }
+  return std::move(*b);
+}
+
+std::unique_ptr<Publisher> OpenPublisher(const std::string& url) {
+  auto p = Publisher::Open(url);
+  if (!p) {
+    ADD_FAILURE() << p.error().ToString();
+    return nullptr;
+  }
+  return std::move(*p);
+}
+
+// Polls until `n` messages came or `timeout` passed.
+std::vector<BrokerMessage> PollN(Broker& b, std::size_t n, milliseconds timeout) {
+  std::vector<BrokerMessage> out;
+  const auto deadline = SteadyClock::now() + timeout;
+  while (out.size() < n && SteadyClock::now() < deadline) {
+    auto batch = b.Poll(n - out.size(), 200ms);
+    if (!batch) continue;
+    for (auto& m : *batch) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<const BrokerMessage*> Ptrs(const std::vector<BrokerMessage>& ms) {
+  std::vector<const BrokerMessage*> out;
+  for (const auto& m : ms) out.push_back(&m);
+  return out;
+}
+
+std::string HeaderOf(const Headers& headers, std::string_view name) {
+  for (const auto& [k, v] : headers) {
+    if (k == name) return v;
+  }
+  return "<missing>";
+}
+
+TEST(NatsConfigTest, BadConfigIsInvalidArgumentNamingTheOption) {
+  Names n;
+  const NatsConsumerConfig good = n.Config("nats://127.0.0.1:1");
+  auto expect_invalid = [](NatsConsumerConfig c, std::string_view option) {
+    auto b = OpenNatsConsumer(c);
+    ASSERT_FALSE(b.has_value()) << option;
+    EXPECT_EQ(b.error().code(), StatusCode::kInvalidArgument) << b.error().ToString();
+    EXPECT_THAT(b.error().message(), HasSubstr(std::string(option)));
+  };
+  auto c = good;
+  c.url = "";
+  expect_invalid(c, "url");
+  c = good;
+  c.stream = "";
+  expect_invalid(c, "stream");
+  c = good;
+  c.stream = "a.b";
+  expect_invalid(c, "stream");
+  c = good;
+  c.durable = "";
+  expect_invalid(c, "durable");
+  c = good;
+  c.durable = "x.y";
+  expect_invalid(c, "durable");
+  c = good;
+  c.subjects = {"ok.>", "bad subject"};
+  expect_invalid(c, "subjects");
+  c = good;
+  c.dlq_subject = "dlq.*";
+  expect_invalid(c, "dlq_subject");
+  c = good;
+  c.dlq_subject = n.Subject("dead");  // inside the consumed stream: a loop
+  expect_invalid(c, "dlq_subject");
+  c = good;
+  c.dlq_stream = "";
+  expect_invalid(c, "dlq_stream");
+  c = good;
+  c.dlq_stream = c.stream;
+  expect_invalid(c, "dlq_stream");
+  c = good;
+  c.ack_wait = 0ms;
+  expect_invalid(c, "ack_wait");
+  c = good;
+  c.max_ack_pending = 0;
+  expect_invalid(c, "max_ack_pending");
+  c = good;
+  c.consumer_check_interval = 0ms;
+  expect_invalid(c, "consumer_check_interval");
+}
+
+TEST(NatsAckReplyTest, ReadsSequenceAndDeliveriesFromBothForms) {
+  auto v1 = ParseAckReply("$JS.ACK.ORDERS.worker.3.1042.77.1700000000000000000.12");
+  ASSERT_TRUE(v1.has_value());
+  EXPECT_EQ(v1->stream_sequence, "1042");
+  EXPECT_EQ(v1->delivered, 3u);
+  auto v2 = ParseAckReply("$JS.ACK.hub.ACCHASH.ORDERS.worker.1.7.7.1700000000000000000.0.r4nd0m");
+  ASSERT_TRUE(v2.has_value());
+  EXPECT_EQ(v2->stream_sequence, "7");
+  EXPECT_EQ(v2->delivered, 1u);
+  auto v2_short = ParseAckReply("$JS.ACK._.ACCHASH.ORDERS.worker.2.9.8.1700000000000000000.0");
+  ASSERT_TRUE(v2_short.has_value());
+  EXPECT_EQ(v2_short->stream_sequence, "9");
+  EXPECT_EQ(v2_short->delivered, 2u);
+  EXPECT_FALSE(ParseAckReply("").has_value());
+  EXPECT_FALSE(ParseAckReply("_INBOX.abc").has_value());
+  EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.3").has_value());
+  EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.x.1042.77.1.12").has_value());
+  EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.3.-5.77.1.12").has_value());
+}
+
+TEST(NatsConfigTest, NoServerIsUnavailable) {
+  auto port = testing::FreePort();
+  ASSERT_TRUE(port.has_value());
+  Names n;
+  auto c = n.Config("nats://127.0.0.1:" + std::to_string(*port));
+  c.connect_timeout = 300ms;
+  auto b = OpenNatsConsumer(c);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().code(), StatusCode::kUnavailable) << b.error().ToString();
+}
+
+TEST(NatsBrokerTest, MissingStreamWithoutCreateIsFailedPrecondition) {
+  Names n;
+  auto c = n.Config(SharedUrl());
+  c.create_streams = false;
+  auto b = OpenNatsConsumer(c);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().code(), StatusCode::kFailedPrecondition) << b.error().ToString();
+  EXPECT_THAT(b.error().message(), HasSubstr(n.stream));
+}
+
+TEST(NatsBrokerTest, PollsInOrderPerSubjectWithMetadataAndHeaders) {
+  Names n;
+  auto b = Open(n.Config(SharedUrl()));
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  EXPECT_EQ(b->Name(), "nats");
+  EXPECT_TRUE(b->Health().ok());
+  const std::vector<std::string> subjects = {n.Subject("a"), n.Subject("b"), n.Subject("c")};
+  constexpr int kPerSubject = 30;
+  for (int i = 0; i < kPerSubject; ++i) {
+    for (const auto& s : subjects) {
+      ASSERT_TRUE(p->PublishAsync(s, s + "#" + std::to_string(i),
+                                  {{"Idempotency-Key", s + "-" + std::to_string(i)}})
+                      .ok());
+    }
+  }
+  ASSERT_TRUE(p->WaitPublished(5s).ok());
+
+  const auto got = PollN(*b, subjects.size() * kPerSubject, 10s);
+  ASSERT_EQ(got.size(), subjects.size() * kPerSubject);
+  std::map<std::string, std::vector<const BrokerMessage*>> by_subject;
+  std::set<std::uint64_t> handles;
+  for (const auto& m : got) {
+    by_subject[m.partition].push_back(&m);
+    handles.insert(m.handle);
+    EXPECT_EQ(m.deliveries, 1u);
+  }
+  EXPECT_EQ(handles.size(), got.size()) << "handles are distinct";
+  ASSERT_EQ(by_subject.size(), subjects.size());
+  for (const auto& s : subjects) {
+    const auto& ms = by_subject[s];
+    ASSERT_EQ(ms.size(), static_cast<std::size_t>(kPerSubject));
+    std::uint64_t last = 0;
+    for (int i = 0; i < kPerSubject; ++i) {
+      EXPECT_EQ(ms[i]->payload, s + "#" + std::to_string(i));
+      EXPECT_EQ(HeaderOf(ms[i]->headers, "Idempotency-Key"), s + "-" + std::to_string(i));
+      const std::uint64_t seq = std::stoull(ms[i]->position);
+      EXPECT_GT(seq, last) << "stream sequences grow within a subject";
+      last = seq;
+    }
+  }
+  EXPECT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+}
+
+TEST(NatsBrokerTest, NothingToReadIsAnEmptyBatchAfterTheWait) {
+  Names n;
+  auto b = Open(n.Config(SharedUrl()));
+  ASSERT_TRUE(b);
+  const auto start = SteadyClock::now();
+  auto batch = b->Poll(10, 300ms);
+  const auto took = SteadyClock::now() - start;
+  ASSERT_TRUE(batch.has_value()) << batch.error().ToString();
+  EXPECT_TRUE(batch->empty());
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 3s);
+  auto none = b->Poll(0, 300ms);
+  ASSERT_TRUE(none.has_value());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(NatsBrokerTest, AcknowledgedMessagesAreNotDeliveredAgain) {
+  Names n;
+  auto c = n.Config(SharedUrl());
+  c.ack_wait = 1s;
+  auto b = Open(c);
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(p->Publish(n.Subject("x"), std::to_string(i)).has_value());
+  const auto got = PollN(*b, 5, 5s);
+  ASSERT_EQ(got.size(), 5u);
+  ASSERT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+  // Acking again (a retried Acknowledge) is harmless.
+  EXPECT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+  const auto again = PollN(*b, 1, 2500ms);  // past ack_wait
+  EXPECT_TRUE(again.empty()) << again.front().payload;
+
+  // A new Broker on the same durable starts after the acknowledged messages.
+  b.reset();
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "after").has_value());
+  auto b2 = Open(c);
+  ASSERT_TRUE(b2);
+  const auto rest = PollN(*b2, 1, 5s);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].payload, "after");
+}
+
+TEST(NatsBrokerTest, UnacknowledgedMessageIsDeliveredAgainAfterAckWait) {
+  Names n;
+  auto c = n.Config(SharedUrl());
+  c.ack_wait = 1s;
+  auto b = Open(c);
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "m").has_value());
+  const auto first = PollN(*b, 1, 5s);
+  ASSERT_EQ(first.size(), 1u);
+  const auto polled = SteadyClock::now();
+  const auto second = PollN(*b, 1, 5s);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_GE(SteadyClock::now() - polled, 900ms);
+  EXPECT_EQ(second[0].position, first[0].position);
+  EXPECT_EQ(second[0].payload, "m");
+  EXPECT_EQ(second[0].deliveries, 2u);
+  EXPECT_NE(second[0].handle, first[0].handle);
+  ASSERT_TRUE(b->Acknowledge(Ptrs(second)).ok());
+}
+
+TEST(NatsBrokerTest, RedeliverComesBackNoSoonerThanTheDelayInOrder) {
+  Names n;
+  auto b = Open(n.Config(SharedUrl()));  // ack_wait 30 s: only the nak brings them back
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(p->Publish(n.Subject("x"), std::to_string(i)).has_value());
+  const auto first = PollN(*b, 3, 5s);
+  ASSERT_EQ(first.size(), 3u);
+  const auto naked = SteadyClock::now();
+  ASSERT_TRUE(b->Redeliver(Ptrs(first), 700ms).ok());
+  const auto second = PollN(*b, 3, 5s);
+  const auto took = SteadyClock::now() - naked;
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_GE(took, 700ms);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(second[i].payload, std::to_string(i));
+    EXPECT_EQ(second[i].position, first[i].position);
+    EXPECT_EQ(second[i].deliveries, 2u);
+  }
+  ASSERT_TRUE(b->Acknowledge(Ptrs(second)).ok());
+}
+
+TEST(NatsBrokerTest, TouchKeepsAMessageFromRedeliveryPastAckWait) {
+  Names n;
+  auto c = n.Config(SharedUrl());
+  c.ack_wait = 1s;
+  auto b = Open(c);
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "slow").has_value());
+  const auto first = PollN(*b, 1, 5s);
+  ASSERT_EQ(first.size(), 1u);
+  // 2.5 s of work, touched every 400 ms: never redelivered meanwhile.
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(b->Touch(Ptrs(first)).ok());
+    auto batch = b->Poll(1, 400ms);
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_TRUE(batch->empty()) << "redelivered while touched";
+  }
+  // Left alone, it comes back.
+  const auto again = PollN(*b, 1, 5s);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].position, first[0].position);
+  ASSERT_TRUE(b->Acknowledge(Ptrs(again)).ok());
+}
+
+TEST(NatsBrokerTest, DeadLetterCarriesThePayloadAndHeaders) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto b = Open(n.Config(url));
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(b && p);
+  ASSERT_TRUE(
+      p->Publish(n.Subject("x"), "poison-payload", {{"Idempotency-Key", "k-1"}, {"X-Trace", "t1"}})
+          .has_value());
+  const auto got = PollN(*b, 1, 5s);
+  ASSERT_EQ(got.size(), 1u);
+  DeadLetterInfo info;
+  info.reason = "attempts_exhausted";
+  info.attempts = 3;
+  info.last_error = "boom\r\nsecond line";
+  info.key = "k-1";
+  ASSERT_TRUE(b->DeadLetter(got[0], info).ok());
+  // Sent again (a crash before the ack): stored once.
+  ASSERT_TRUE(b->DeadLetter(got[0], info).ok());
+  ASSERT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+
+  auto dlq = ReadStream(url, n.dlq_stream);
+  ASSERT_TRUE(dlq.has_value()) << dlq.error().ToString();
+  ASSERT_EQ(dlq->size(), 1u);
+  const StoredMessage& d = dlq->front();
+  EXPECT_EQ(d.subject, n.dlq_subject);
+  EXPECT_EQ(d.payload, "poison-payload");
+  EXPECT_EQ(HeaderOf(d.headers, "Idempotency-Key"), "k-1");
+  EXPECT_EQ(HeaderOf(d.headers, "X-Trace"), "t1");
+  EXPECT_EQ(HeaderOf(d.headers, std::string(kDlqReasonHeader)), "attempts_exhausted");
+  EXPECT_EQ(HeaderOf(d.headers, std::string(kDlqAttemptsHeader)), "3");
+  EXPECT_EQ(HeaderOf(d.headers, std::string(kDlqErrorHeader)), "boom  second line");
+  EXPECT_EQ(HeaderOf(d.headers, std::string(kDlqKeyHeader)), "k-1");
+  EXPECT_EQ(HeaderOf(d.headers, std::string(kDlqSourceHeader)),
+            got[0].partition + "@" + got[0].position);
+
+  // The source stream still holds the original, untouched.
+  auto src = ReadStream(url, n.stream);
+  ASSERT_TRUE(src.has_value());
+  ASSERT_EQ(src->size(), 1u);
+  EXPECT_EQ(src->front().payload, "poison-payload");
+}
+
+TEST(NatsBrokerTest, ExistingStreamsAreUsedAsTheyAre) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->EnsureStream(n.stream, {n.Subject("a"), n.Subject("b")}).ok());
+  ASSERT_TRUE(p->EnsureStream(n.dlq_stream, {n.dlq_subject}).ok());
+  ASSERT_TRUE(p->Publish(n.Subject("a"), "1").has_value());
+  ASSERT_TRUE(p->Publish(n.Subject("b"), "2").has_value());
+  auto c = n.Config(url);
+  c.create_streams = false;
+  c.subjects = {};  // the whole stream
+  auto b = Open(c);
+  ASSERT_TRUE(b);
+  const auto got = PollN(*b, 2, 5s);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].payload, "1");
+  EXPECT_EQ(got[1].payload, "2");
+  ASSERT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+  EXPECT_TRUE(p->DeleteStream(n.stream).ok());
+  EXPECT_TRUE(p->DeleteStream(n.dlq_stream).ok());
+  EXPECT_TRUE(p->DeleteStream(n.dlq_stream).ok()) << "deleting a missing stream is ok";
+}
+
+TEST(NatsBrokerTest, EmptyHeaderValuesAreLeftOutSoTheOthersSurvive) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->EnsureStream(n.stream, {n.Subject("a")}).ok());
+  ASSERT_TRUE(
+      p->Publish(n.Subject("a"), "x", {{"Idempotency-Key", "k"}, {"Empty", ""}}).has_value());
+  auto stored = ReadStream(url, n.stream);
+  ASSERT_TRUE(stored.has_value());
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ(HeaderOf(stored->front().headers, "Idempotency-Key"), "k");
+  EXPECT_EQ(HeaderOf(stored->front().headers, "Empty"), "<missing>");
+}
+
+TEST(NatsBrokerTest, OneSubjectOfAWiderStreamIsFiltered) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->EnsureStream(n.stream, {n.Subject("a"), n.Subject("b")}).ok());
+  ASSERT_TRUE(p->Publish(n.Subject("b"), "not mine").has_value());
+  ASSERT_TRUE(p->Publish(n.Subject("a"), "mine").has_value());
+  auto c = n.Config(url);
+  c.subjects = {n.Subject("a")};
+  auto b = Open(c);
+  ASSERT_TRUE(b);
+  const auto got = PollN(*b, 2, 1500ms);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "mine");
+  EXPECT_EQ(got[0].partition, n.Subject("a"));
+  ASSERT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+
+  // Two subjects of a stream that holds three: 2.9 consumers filter on one subject only.
+  ASSERT_TRUE(
+      p->EnsureStream(n.stream + "_3", {n.Subject("x"), n.Subject("y"), n.Subject("z")}).ok());
+  auto c3 = c;
+  c3.stream = n.stream + "_3";
+  c3.subjects = {n.Subject("x"), n.Subject("y")};
+  auto b3 = OpenNatsConsumer(c3);
+  ASSERT_FALSE(b3.has_value());
+  EXPECT_EQ(b3.error().code(), StatusCode::kFailedPrecondition) << b3.error().ToString();
+  EXPECT_THAT(b3.error().message(), HasSubstr("subjects"));
+}
+
+TEST(NatsBrokerTest, DurableDeletedBehindItsBackIsCreatedAgain) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto c = n.Config(url);
+  c.consumer_check_interval = 500ms;
+  auto b = Open(c);
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(b && p);
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "1").has_value());
+  ASSERT_EQ(PollN(*b, 1, 5s).size(), 1u);
+  {
+    // Delete the durable with a plain JetStream context.
+    natsConnection* nc = nullptr;
+    ASSERT_EQ(natsConnection_ConnectTo(&nc, url.c_str()), NATS_OK);
+    jsCtx* js = nullptr;
+    ASSERT_EQ(natsConnection_JetStream(&js, nc, nullptr), NATS_OK);
+    EXPECT_EQ(js_DeleteConsumer(js, n.stream.c_str(), n.durable.c_str(), nullptr, nullptr),
+              NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+  }
+  // Idle polls notice within consumer_check_interval and create it again; deliver-all reads
+  // from the start.
+  std::vector<BrokerMessage> got;
+  const auto deleted = SteadyClock::now();
+  while (got.empty() && SteadyClock::now() < deleted + 10s) {
+    auto r = b->Poll(10, 200ms);
+    if (!r) continue;
+    for (auto& m : *r) got.push_back(std::move(m));
+  }
+  EXPECT_LT(SteadyClock::now() - deleted, 3s);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "1");
+  EXPECT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+}
+
+TEST(NatsBrokerTest, PublishToNoStreamFails) {
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(p);
+  const std::string subject = Unique("nostream") + ".x";
+  auto r = p->Publish(subject, "x");
+  EXPECT_FALSE(r.has_value());
+  ASSERT_TRUE(p->PublishAsync(subject, "x").ok());
+  EXPECT_FALSE(p->WaitPublished(5s).ok());
+  EXPECT_EQ(ReadStream(SharedUrl(), Unique("NOSUCH")).error().code(), StatusCode::kNotFound);
+}
+
+// ---- a server of its own, restarted -------------------------------------------------------
+
+class NatsRestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / Unique("idem-nats");
+    auto port = testing::FreePort();
+    ASSERT_TRUE(port.has_value());
+    auto s = testing::NatsServer::Start(dir_, *port);
+    ASSERT_TRUE(s.has_value()) << s.error().ToString();
+    server_.emplace(std::move(*s));
+  }
+  void TearDown() override {
+    server_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::filesystem::path dir_;
+  std::optional<testing::NatsServer> server_;
+};
+
+TEST_F(NatsRestartTest, BrokerIsUnavailableWhileTheServerIsDownAndRecoversByItself) {
+  Names n;
+  auto c = n.Config(server_->url());
+  c.ack_wait = 2s;
+  c.reconnect_wait = 100ms;
+  auto b = Open(c);
+  ASSERT_TRUE(b);
+  {
+    auto p = OpenPublisher(server_->url());
+    ASSERT_TRUE(p);
+    ASSERT_TRUE(p->Publish(n.Subject("x"), "before").has_value());
+  }
+  auto first = PollN(*b, 1, 5s);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_TRUE(b->Acknowledge(Ptrs(first)).ok());
+
+  ASSERT_TRUE(server_->Kill().ok());
+  // Down: Poll and Health say so (libnats notices the closed socket at once).
+  bool saw_unavailable = false;
+  for (int i = 0; i < 20 && !saw_unavailable; ++i) {
+    auto r = b->Poll(10, 100ms);
+    saw_unavailable = !r.has_value() && r.error().code() == StatusCode::kUnavailable;
+  }
+  EXPECT_TRUE(saw_unavailable);
+  EXPECT_FALSE(b->Health().ok());
+
+  ASSERT_TRUE(server_->Restart().ok());
+  {
+    auto p = OpenPublisher(server_->url());
+    ASSERT_TRUE(p);
+    ASSERT_TRUE(p->Publish(n.Subject("x"), "after").has_value());
+  }
+  // The same Broker (no new Open) reads what was published after the restart.
+  std::vector<BrokerMessage> got;
+  const auto deadline = SteadyClock::now() + 15s;
+  while (SteadyClock::now() < deadline) {
+    auto r = b->Poll(10, 200ms);
+    if (!r) continue;
+    for (auto& m : *r) {
+      if (m.payload == "after") got.push_back(std::move(m));
+    }
+    if (!got.empty()) break;
+  }
+  ASSERT_EQ(got.size(), 1u) << server_->Log();
+  EXPECT_TRUE(b->Health().ok());
+  EXPECT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+}
+
+}  // namespace
+}  // namespace idem::nats
