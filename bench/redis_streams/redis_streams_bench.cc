@@ -104,6 +104,7 @@ class Plain {
     const std::size_t colon = address.rfind(':');
     c_ = redisConnect(address.substr(0, colon).c_str(), std::stoi(address.substr(colon + 1)));
     if (c_ == nullptr || c_->err != 0) Die("cannot connect to " + address);
+    c_->reader->maxbuf = 0;  // keep the reply buffer, as the adapter does
   }
   ~Plain() { redisFree(c_); }
   // Formats RESP itself, as the adapter does (hiredis's redisAppendCommandArgv is slower).

@@ -63,6 +63,9 @@ Result<std::unique_ptr<Client>> Client::Open(const Address& address,
     redisFree(c);
     return UnavailableError(where + ": cannot connect: " + why);
   }
+  // Keep the reply buffer between replies: by default hiredis frees it whenever more than 16 KiB
+  // is unused, and a batch of entries is larger, so each batch regrew it from nothing.
+  c->reader->maxbuf = 0;
   std::unique_ptr<Client> client(new Client(c, where));
   IDEM_RETURN_IF_ERROR(client->SetTimeout(timeout));
   if (!address.password.empty()) {

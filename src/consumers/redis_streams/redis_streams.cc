@@ -556,8 +556,9 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
   max = std::max<std::size_t>(max, 1);
   if (Status s = Ready(); !s.ok()) return Broken(s);
   if (Status s = Collect(/*all=*/false); !s.ok()) return Broken(s);
+  // Not reserved: most Polls take a read-ahead's vector whole, and a large allocation for each
+  // would make malloc consolidate its free lists every time (5% of a consumer's time).
   std::vector<BrokerMessage> out;
-  out.reserve(max);
   // A stream that had entries waiting delivers no entry read back or claimed in this Poll:
   // those may be older than the waiting ones just handed out.
   std::vector<char> had_waiting(streams_.size());
