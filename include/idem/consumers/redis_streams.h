@@ -86,8 +86,8 @@ Result<std::unique_ptr<Broker>> OpenRedisStreamsConsumer(const RedisStreamsConfi
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
 struct StreamEntry {
-  std::string payload;
-  Fields headers;  // further fields, after payload_field
+  std::string payload{};
+  Fields headers{};  // further fields, after payload_field
 };
 
 // XADD stream * payload_field payload headers...; the new entry's id.

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -475,7 +476,7 @@ Status RedisStreamsBroker::Claim(SteadyClock::time_point now, std::size_t max,
   std::vector<std::size_t> asked;
   for (std::size_t s = 0; s < streams_.size(); ++s) {
     const Stream& st = streams_[s];
-    if (st.recovering() || skip[s] != 0 || st.waiting()) continue;
+    if (st.recovering() || skip[s] != 0 || !st.held.empty()) continue;
     client_->Append(Args()
                         .Add("XAUTOCLAIM")
                         .Add(st.name)
@@ -506,7 +507,15 @@ Status RedisStreamsBroker::Claim(SteadyClock::time_point now, std::size_t max,
     if (streams_[s].claim_cursor != "0-0") swept = false;
     IDEM_RETURN_IF_ERROR(
         ParseEntries(*reply.element[1], streams_[s].name, config_.payload_field, per_stream[s]));
-    std::erase_if(per_stream[s], [](const ParsedEntry& e) { return e.deleted; });
+    // Entries read ahead are pending on this consumer too: if they idled that long, they are
+    // still here, in `ready`, and must not come twice.
+    const Stream& st = streams_[s];
+    std::optional<EntryId> first_ready;
+    if (st.ready_taken < st.ready.size())
+      first_ready = ParseEntryId(st.ready[st.ready_taken].position);
+    std::erase_if(per_stream[s], [&](const ParsedEntry& e) {
+      return e.deleted || (first_ready && e.id >= *first_ready);
+    });
   }
   // Once every stream's pending list was swept to its end, wait claim_interval for the next.
   if (swept) next_claim_ = now + config_.claim_interval;
@@ -559,22 +568,30 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
   // Not reserved: most Polls take a read-ahead's vector whole, and a large allocation for each
   // would make malloc consolidate its free lists every time (5% of a consumer's time).
   std::vector<BrokerMessage> out;
-  // A stream that had entries waiting delivers no entry read back or claimed in this Poll:
-  // those may be older than the waiting ones just handed out.
+  // A stream that had entries waiting delivers no entry read back from its pending list in
+  // this Poll: those may be older than the waiting ones handed out now.
   std::vector<char> had_waiting(streams_.size());
-  for (std::size_t s = 0; s < streams_.size(); ++s) had_waiting[s] = streams_[s].waiting();
+  // Claims wait only for handed-back entries. They come before read-ahead entries (they wait
+  // behind them in `held`), so that a consumer that always has a full batch read ahead still
+  // takes over a dead consumer's entries.
+  std::vector<char> had_held(streams_.size());
+  for (std::size_t s = 0; s < streams_.size(); ++s) {
+    had_waiting[s] = streams_[s].waiting();
+    had_held[s] = !streams_[s].held.empty();
+  }
 
-  SteadyClock::time_point now = SteadyClock::now();
+  const SteadyClock::time_point now = SteadyClock::now();
+  if (now >= next_claim_) {
+    // The steps that wait for their own replies read the XACK replies before them first.
+    if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+    if (Status s = Claim(now, max, had_held, out); !s.ok()) return Broken(s);
+  }
   TakeDue(now, max, out);
-  // The steps below wait for their own replies: read the XACK replies before them first.
   if (out.size() < max) {
     if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
   }
   if (out.size() < max) {
     if (Status s = ReadPending(max, had_waiting, out); !s.ok()) return Broken(s);
-  }
-  if (out.size() < max && now >= next_claim_) {
-    if (Status s = Claim(now, max, had_waiting, out); !s.ok()) return Broken(s);
   }
   if (out.size() < max) {
     // Block only when there is nothing to return, and not past the first held entry's time.

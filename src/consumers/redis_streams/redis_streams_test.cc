@@ -317,6 +317,42 @@ TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
   EXPECT_THAT(Positions(PollN(*alive, 2)), ElementsAreArray(more));
 }
 
+TEST(RedisStreamsTest, ABusyConsumerStillClaimsTheEntriesOfAStoppedOne) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto dead_ids = PublishN(url, s, 5, "dead");
+  {
+    auto dead = Open(Config(url, {s}, "dead"));
+    ASSERT_EQ(PollN(*dead, 5).size(), 5u);
+  }
+  // A backlog that keeps every Poll of the other consumer full (and a batch read ahead).
+  std::vector<StreamEntry> backlog(3000, StreamEntry{.payload = "later"});
+  ASSERT_TRUE(Publish(url, s, backlog).ok());
+  auto config = Config(url, {s}, "busy");
+  config.claim_idle = milliseconds(300);
+  config.claim_interval = milliseconds(50);
+  auto busy = Open(config);
+  std::size_t later_before_claimed = 0;
+  std::vector<BrokerMessage> claimed;
+  const auto deadline = SteadyClock::now() + milliseconds(10'000);
+  while (claimed.size() < 5 && SteadyClock::now() < deadline) {
+    auto batch = busy->Poll(10, milliseconds(50));
+    ASSERT_TRUE(batch.has_value()) << batch.error().ToString();
+    ASSERT_FALSE(batch->empty()) << "the backlog ran out before the claim";
+    ASSERT_TRUE(AckAll(*busy, *batch).ok());
+    for (auto& m : *batch) {
+      if (m.payload == "later") {
+        ++later_before_claimed;
+      } else {
+        claimed.push_back(std::move(m));
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(3));  // the batch takes a while
+  }
+  EXPECT_THAT(Positions(claimed), ElementsAreArray(dead_ids));
+  EXPECT_LT(later_before_claimed, 3000u);
+}
+
 TEST(RedisStreamsTest, TouchedEntriesAreNotClaimed) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
