@@ -2,7 +2,8 @@
 //
 // Per stream the broker keeps entries it read from Redis but has not handed out yet:
 //  - `held`, sorted by entry id, each with the time it may be handed out: entries handed back
-//    by Redeliver (with their delay), and read back or claimed beyond a Poll's `max` (due now);
+//    by Redeliver (with their delay), entries claimed while newer ones wait in `ready`, and
+//    entries read back or claimed beyond a Poll's `max` (due now);
 //  - then `ready`: new entries (XREADGROUP ... >) read ahead or beyond a Poll's `max`
 //    (XREADGROUP's COUNT is per stream), all newer than the held ones.
 // Invariant: while a stream has entries waiting in either, nothing newer of that stream is read
@@ -12,7 +13,7 @@
 // Pipelining, so that Redis works while the consumer does (they run on different cores):
 //  - Read-ahead: when a Poll returns a full batch, it sends the XREADGROUP for the next batch
 //    before returning, without waiting for the reply. The next Poll reads the reply and its
-//    entries go to `held`. They are pending on this consumer from then on, like any delivered
+//    entries go to `ready`. They are pending on this consumer from then on, like any delivered
 //    entry: a crash leaves them to be read back from the pending list.
 //  - Acknowledge sends its XACKs and returns; their replies are read by a later call, and a
 //    failed XACK fails that call (kUnavailable) and reconnects, after which the entries are

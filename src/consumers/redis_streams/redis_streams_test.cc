@@ -454,6 +454,29 @@ TEST(RedisStreamsTest, DeadLetterCarriesPayloadHeadersAndReason) {
   EXPECT_EQ(h[std::string(kDlqSourceHeader)], s + "@" + *id);
 }
 
+TEST(RedisStreamsTest, DeadLetterThatRedisRefusesIsUnavailable) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  auto config = Config(url, {s});
+  config.dlq_stream = s + ".not-a-stream";
+  auto address = ParseAddress(url);
+  ASSERT_TRUE(address.has_value());
+  auto client = Client::Open(*address, milliseconds(2000));
+  ASSERT_TRUE(client.has_value());
+  ASSERT_TRUE((*client)->Call(Args().Add("SET").Add(config.dlq_stream).Add("x")).has_value());
+  auto broker = Open(config);
+  PublishN(url, s, 2);
+  auto got = PollN(*broker, 2);
+  ASSERT_EQ(got.size(), 2u);
+  const Status dead = broker->DeadLetter(got[0], {.reason = "permanent", .attempts = 1});
+  EXPECT_EQ(dead.code(), StatusCode::kUnavailable) << dead.ToString();
+  EXPECT_THAT(dead.message(), HasSubstr("WRONGTYPE"));
+  // The broker goes on after it: nothing of the batch was acknowledged, so a new connection
+  // reads both entries back from the pending list.
+  auto again = PollN(*broker, 2);
+  EXPECT_THAT(Positions(again), ElementsAre(got[0].position, got[1].position));
+}
+
 TEST(RedisStreamsTest, BulkPublishKeepsOrder) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
