@@ -41,6 +41,11 @@ class Args {
     sizes_.push_back(word.size());
     return *this;
   }
+  Args& Reserve(std::size_t words) {
+    words_.reserve(words);
+    sizes_.reserve(words);
+    return *this;
+  }
   std::size_t size() const { return words_.size(); }
 
  private:

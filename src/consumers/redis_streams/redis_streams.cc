@@ -628,7 +628,9 @@ Status RedisStreamsBroker::Acknowledge(std::span<const BrokerMessage* const> mes
   for (const BrokerMessage* m : messages) {
     auto s = StreamOf(*m);
     if (!s) return s.error();
-    if (acks[*s].size() == 0) acks[*s].Add("XACK").Add(streams_[*s].name).Add(config_.group);
+    if (acks[*s].size() == 0) {
+      acks[*s].Reserve(messages.size() + 3).Add("XACK").Add(streams_[*s].name).Add(config_.group);
+    }
     acks[*s].Add(m->position);
   }
   for (const Args& a : acks) {
