@@ -7,9 +7,9 @@
 // read to the last XACK's answer:
 //
 //   (a) plain  hiredis: XREADGROUP COUNT --batch, look at every entry's key, one XACK per batch.
-//              Pipelined like the adapter: the XREADGROUP for the next batch is sent before this
-//              batch is looked at, and an XACK's reply is read only once the next batch came, so
-//              Redis works while the client does. No dedup.
+//              Pipelined like the adapter: two XREADGROUPs for the next batches are on their way
+//              while a batch is looked at, and an XACK's reply is read only when a later batch
+//              is wanted, so Redis works while the client does. No dedup.
 //   (b) memory idem::Consumer (batch_size --batch) over the Redis Streams broker, memory store.
 //   (c) log    the same with the embedded log store, sync=always, in a fresh temporary directory.
 //   (x) broker the broker alone (Poll + Acknowledge, no Consumer, no store), only with --only
@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -199,23 +200,44 @@ std::string NewGroup(const Flags& f, const std::string& name) {
   return name;
 }
 
-// (a): returns the entries settled. The same pipelining as the adapter: the next batch's
-// XREADGROUP goes out before this batch is looked at, and each XACK's reply is read only after
-// the next batch came (Redis answers in order: XACK(n-1), batch n+1, XACK(n), ...).
+// (a): returns the entries settled. The same pipelining as the adapter: two XREADGROUPs for
+// the next batches are on their way while a batch is looked at, and each XACK's reply is read
+// only when a later batch is wanted (Redis answers in the order it was asked).
 long long RunPlain(const Flags& f, const std::string& group) {
+  constexpr std::size_t kDepth = 2;  // the adapter's kReadAheadDepth
   Plain p(f.redis);
   const std::string count = std::to_string(f.batch);
   const std::vector<std::string_view> read = {"XREADGROUP", "GROUP",   group,   "c", "COUNT",
                                               count,        "STREAMS", kStream, ">"};
   long long settled = 0;
   std::size_t keys = 0;
-  int unread_acks = 0;
-  Reply batch = p.Call(read);
+  std::deque<char> expected;  // 'r': a batch, 'a': an XACK's count, in the order asked
+  std::size_t reads = 0;
   std::vector<std::string_view> ack;
-  while (batch->type == REDIS_REPLY_ARRAY && batch->elements > 0) {
-    p.Append(read);  // read ahead: Redis prepares the next batch meanwhile
+  auto ask_batches = [&] {
+    for (; reads < kDepth; ++reads) {
+      p.Append(read);
+      expected.push_back('r');
+    }
     p.Flush();
+  };
+  ask_batches();
+  while (!expected.empty()) {
+    Reply batch;
+    while (!expected.empty() && batch == nullptr) {
+      const char kind = expected.front();
+      expected.pop_front();
+      Reply r = p.Read();
+      if (kind == 'a') {
+        settled += r->integer;
+      } else {
+        --reads;
+        batch = std::move(r);
+      }
+    }
+    if (batch == nullptr || batch->type != REDIS_REPLY_ARRAY || batch->elements == 0) continue;
     const redisReply& entries = *batch->element[0]->element[1];
+    if (entries.elements == static_cast<std::size_t>(f.batch)) ask_batches();
     ack = {"XACK", kStream, group};
     for (std::size_t i = 0; i < entries.elements; ++i) {
       const redisReply& e = *entries.element[i];
@@ -229,13 +251,8 @@ long long RunPlain(const Flags& f, const std::string& group) {
     }
     p.Append(ack);
     p.Flush();
-    if (++unread_acks > 1) {
-      settled += p.Read()->integer;  // the previous batch's XACK
-      --unread_acks;
-    }
-    batch = p.Read();
+    expected.push_back('a');
   }
-  for (; unread_acks > 0; --unread_acks) settled += p.Read()->integer;
   if (keys == 0) Die("no keys seen");
   return settled;
 }

@@ -11,10 +11,12 @@
 // handed-back ones before any later entry of their stream.
 //
 // Pipelining, so that Redis works while the consumer does (they run on different cores):
-//  - Read-ahead: when a Poll returns a full batch, it sends the XREADGROUP for the next batch
-//    before returning, without waiting for the reply. The next Poll reads the reply and its
-//    entries go to `ready`. They are pending on this consumer from then on, like any delivered
-//    entry: a crash leaves them to be read back from the pending list.
+//  - Read-ahead: when a Poll returns a full batch, it makes sure that kReadAheadDepth
+//    XREADGROUPs for the next batches are on their way before it returns, without waiting for
+//    their replies. The next Poll reads replies until it has a batch; their entries go to
+//    `ready`. They are pending on this consumer from then on, like any delivered entry: a crash
+//    leaves them to be read back from the pending list. More than one in flight keeps Redis
+//    busy even when the consumer comes back for its next batch a little late.
 //  - Acknowledge sends its XACKs and returns; their replies are read by a later call, and a
 //    failed XACK fails that call (kUnavailable) and reconnects, after which the entries are
 //    read back from the pending list and delivered again (the store answers Replay).
@@ -41,6 +43,8 @@ using std::chrono::milliseconds;
 
 constexpr std::string_view kCaughtUp = "";  // the pending cursor once the list is read
 constexpr std::size_t kMaxUnread = 64;      // replies left unread before Acknowledge reads them
+constexpr std::size_t kReadAheadDepth = 2;  // XREADGROUPs in flight while the consumer works
+constexpr std::size_t kAll = static_cast<std::size_t>(-1);
 
 struct Held {
   EntryId id;
@@ -102,7 +106,7 @@ class RedisStreamsBroker final : public Broker {
 
   // Reads the replies of the last XACKs (best effort), so that they are not cut off.
   ~RedisStreamsBroker() override {
-    if (client_ != nullptr && !client_->broken()) (void)Collect(/*all=*/true);
+    if (client_ != nullptr && !client_->broken()) (void)Collect(kAll);
   }
 
   std::string_view Name() const override { return "redis"; }
@@ -122,9 +126,10 @@ class RedisStreamsBroker final : public Broker {
   Status Ready();
   // Drops the connection; the next call reconnects and reads the pending lists again.
   Status Broken(Status status);
-  // Reads outstanding replies in order: all of them, or (`all` false) up to the last
-  // read-ahead, leaving the XACK replies behind it unread.
-  Status Collect(bool all);
+  // Reads outstanding replies in order: all of them (kAll), or only until `ready` holds `want`
+  // entries or no read-ahead is left, leaving the replies behind unread.
+  Status Collect(std::size_t want);
+  std::size_t ReadyCount() const;
   // The stream a message came from.
   Result<std::size_t> StreamOf(const BrokerMessage& m) const;
   std::size_t StreamNamed(std::string_view name) const;
@@ -277,8 +282,14 @@ void RedisStreamsBroker::Deliver(std::size_t s, std::vector<ParsedEntry>& entrie
   }
 }
 
-Status RedisStreamsBroker::Collect(bool all) {
-  while (!expected_.empty() && (all || read_aheads_ > 0)) {
+std::size_t RedisStreamsBroker::ReadyCount() const {
+  std::size_t n = 0;
+  for (const Stream& s : streams_) n += s.ready.size() - s.ready_taken;
+  return n;
+}
+
+Status RedisStreamsBroker::Collect(std::size_t want) {
+  while (!expected_.empty() && (want == kAll || (read_aheads_ > 0 && ReadyCount() < want))) {
     const Expect expect = expected_.front();
     expected_.pop_front();
     auto r = client_->Read();
@@ -356,6 +367,9 @@ void RedisStreamsBroker::TakeDue(SteadyClock::time_point now, std::size_t max,
     }
     if (s.ready_taken == s.ready.size()) {
       s.ready.clear();
+      s.ready_taken = 0;
+    } else if (s.ready_taken * 2 >= s.ready.size()) {  // drop the husks of taken entries
+      s.ready.erase(s.ready.begin(), s.ready.begin() + static_cast<std::ptrdiff_t>(s.ready_taken));
       s.ready_taken = 0;
     }
   }
@@ -538,8 +552,10 @@ bool RedisStreamsBroker::AppendReadNew(std::size_t count, milliseconds block) {
   if (block.count() > 0) args.Add("BLOCK").Add(block_text);
   args.Add("STREAMS");
   std::size_t n = 0;
+  // A stream whose newer entries wait in `ready` may read more behind them; one with held
+  // entries (handed back) reads nothing new until they are out.
   for (const Stream& s : streams_) {
-    if (!s.recovering() && !s.waiting()) {
+    if (!s.recovering() && s.held.empty()) {
       args.Add(s.name);
       ++n;
     }
@@ -565,7 +581,7 @@ Status RedisStreamsBroker::ReadNew(std::size_t max, milliseconds block,
 Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, milliseconds wait) {
   max = std::max<std::size_t>(max, 1);
   if (Status s = Ready(); !s.ok()) return Broken(s);
-  if (Status s = Collect(/*all=*/false); !s.ok()) return Broken(s);
+  if (Status s = Collect(max); !s.ok()) return Broken(s);
   // Not reserved: most Polls take a read-ahead's vector whole, and a large allocation for each
   // would make malloc consolidate its free lists every time (5% of a consumer's time).
   std::vector<BrokerMessage> out;
@@ -584,12 +600,13 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
   const SteadyClock::time_point now = SteadyClock::now();
   if (now >= next_claim_) {
     // The steps that wait for their own replies read the XACK replies before them first.
-    if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+    if (Status s = Collect(kAll); !s.ok()) return Broken(s);
     if (Status s = Claim(now, max, had_held, out); !s.ok()) return Broken(s);
   }
   TakeDue(now, max, out);
   if (out.size() < max) {
-    if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+    if (Status s = Collect(kAll); !s.ok()) return Broken(s);
+    TakeDue(now, max, out);
   }
   if (out.size() < max) {
     if (Status s = ReadPending(max, had_waiting, out); !s.ok()) return Broken(s);
@@ -613,10 +630,16 @@ Result<std::vector<BrokerMessage>> RedisStreamsBroker::Poll(std::size_t max, mil
     }
     if (out.empty()) TakeDue(SteadyClock::now(), max, out);
   }
-  if (out.size() == max && AppendReadNew(max, milliseconds(0))) {
-    if (Status s = client_->Flush(); !s.ok()) return Broken(s);
-    expected_.push_back(Expect::kReadAhead);
-    ++read_aheads_;
+  if (out.size() == max) {
+    bool sent = false;
+    while (read_aheads_ < kReadAheadDepth && AppendReadNew(max, milliseconds(0))) {
+      expected_.push_back(Expect::kReadAhead);
+      ++read_aheads_;
+      sent = true;
+    }
+    if (sent) {
+      if (Status s = client_->Flush(); !s.ok()) return Broken(s);
+    }
   }
   return out;
 }
@@ -641,7 +664,7 @@ Status RedisStreamsBroker::Acknowledge(std::span<const BrokerMessage* const> mes
   if (Status s = client_->Flush(); !s.ok()) return Broken(s);
   // A caller that only acknowledges (no Poll in between) still reads its replies now and then.
   if (expected_.size() > kMaxUnread) {
-    if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+    if (Status s = Collect(kAll); !s.ok()) return Broken(s);
   }
   return OkStatus();
 }
@@ -670,7 +693,7 @@ Status RedisStreamsBroker::DeadLetter(const BrokerMessage& message, const DeadLe
   Args args;
   args.Add("XADD").Add(config_.dlq_stream).Add("*").Add(config_.payload_field).Add(message.payload);
   for (const auto& [name, value] : headers) args.Add(name).Add(value);
-  if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+  if (Status s = Collect(kAll); !s.ok()) return Broken(s);
   client_->Append(args);
   auto r = client_->Read();
   if (!r) return Broken(r.error());
@@ -685,7 +708,7 @@ Status RedisStreamsBroker::Touch(std::span<const BrokerMessage* const> messages)
   if (messages.empty()) return OkStatus();
   if (Status s = Ready(); !s.ok()) return Broken(s);
   // First: reading a read-ahead's reply changes the waiting entries touched below.
-  if (Status s = Collect(/*all=*/true); !s.ok()) return Broken(s);
+  if (Status s = Collect(kAll); !s.ok()) return Broken(s);
   std::vector<Args> claims(streams_.size());
   for (const BrokerMessage* m : messages) {
     auto s = StreamOf(*m);
