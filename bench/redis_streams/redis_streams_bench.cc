@@ -7,9 +7,11 @@
 // read to the last XACK's answer:
 //
 //   (a) plain  hiredis: XREADGROUP COUNT --batch, look at every entry's key, one XACK per batch.
-//              Pipelined like the adapter: two XREADGROUPs for the next batches are on their way
-//              while a batch is looked at, and an XACK's reply is read only when a later batch
-//              is wanted, so Redis works while the client does. No dedup.
+//              Tuned like the adapter: two XREADGROUPs for the next batches are on their way
+//              while a batch is looked at, an XACK's reply is read only when a later batch is
+//              wanted, RESP is formatted by hand, and batches are read through hiredis object
+//              callbacks that keep only the ids and keys (no reply objects), as the adapter
+//              reads straight into messages. No dedup.
 //   (b) memory idem::Consumer (batch_size --batch) over the Redis Streams broker, memory store.
 //   (c) log    the same with the embedded log store, sync=always, in a fresh temporary directory.
 //   (x) broker the broker alone (Poll + Acknowledge, no Consumer, no store), only with --only
@@ -144,6 +146,18 @@ class Plain {
     Append(words);
     return Read();
   }
+  // The next reply through hiredis object callbacks that keep what they need themselves (as the
+  // adapter reads its batches: no reply objects made, copied and freed).
+  void ReadWith(redisReplyObjectFunctions* fn, void* privdata) {
+    redisReplyObjectFunctions* saved = c_->reader->fn;
+    c_->reader->fn = fn;
+    c_->reader->privdata = privdata;
+    void* r = nullptr;
+    const int ok = redisGetReply(c_, &r);
+    c_->reader->fn = saved;
+    c_->reader->privdata = nullptr;
+    if (ok != REDIS_OK || r == nullptr) Die(std::string("read: ") + c_->errstr);
+  }
 
  private:
   redisContext* c_;
@@ -200,6 +214,44 @@ std::string NewGroup(const Flags& f, const std::string& name) {
   return name;
 }
 
+// What the plain loop keeps of a batch while hiredis parses it: the ids (for the XACK) and the
+// size of every Idempotency-Key (what a no-op handler would look at). No reply objects.
+struct LeanBatch {
+  std::vector<std::string> ids;
+  std::size_t keys = 0;
+  bool key_field = false;
+
+  static LeanBatch& Of(const redisReadTask* t, int& depth) {
+    depth = 0;
+    for (; t->parent != nullptr; t = t->parent) ++depth;
+    return *static_cast<LeanBatch*>(t->privdata);
+  }
+  // [[stream, [[id, [field, value, ...]], ...]]]: ids at depth 4, fields at depth 5.
+  static void* String(const redisReadTask* t, char* str, std::size_t len) {
+    int depth = 0;
+    LeanBatch& b = Of(t, depth);
+    if (depth == 4 && t->idx == 0) b.ids.emplace_back(str, len);
+    if (depth == 5 && t->idx % 2 == 0) {
+      b.key_field = std::string_view(str, len) == "Idempotency-Key";
+    } else if (depth == 5 && b.key_field) {
+      b.keys += len;
+    }
+    return &b;
+  }
+  static void* Array(const redisReadTask* t, int) { return Object(t); }
+  static void* Integer(const redisReadTask* t, long long) { return Object(t); }
+  static void* Nil(const redisReadTask* t) { return Object(t); }
+  static void* Object(const redisReadTask* t) {
+    int depth = 0;
+    return &Of(t, depth);
+  }
+  static void Free(void*) {}
+  static redisReplyObjectFunctions* Functions() {
+    static redisReplyObjectFunctions fn = {&String, &Array, &Integer, &Nil, &Free};
+    return &fn;
+  }
+};
+
 // (a): returns the entries settled. The same pipelining as the adapter: two XREADGROUPs for
 // the next batches are on their way while a batch is looked at, and each XACK's reply is read
 // only when a later batch is wanted (Redis answers in the order it was asked).
@@ -222,37 +274,30 @@ long long RunPlain(const Flags& f, const std::string& group) {
     p.Flush();
   };
   ask_batches();
+  LeanBatch batch;
   while (!expected.empty()) {
-    Reply batch;
-    while (!expected.empty() && batch == nullptr) {
+    bool have_batch = false;
+    while (!expected.empty() && !have_batch) {
       const char kind = expected.front();
       expected.pop_front();
-      Reply r = p.Read();
       if (kind == 'a') {
-        settled += r->integer;
+        settled += p.Read()->integer;
       } else {
         --reads;
-        batch = std::move(r);
+        batch.ids.clear();
+        p.ReadWith(LeanBatch::Functions(), &batch);
+        have_batch = true;
       }
     }
-    if (batch == nullptr || batch->type != REDIS_REPLY_ARRAY || batch->elements == 0) continue;
-    const redisReply& entries = *batch->element[0]->element[1];
-    if (entries.elements == static_cast<std::size_t>(f.batch)) ask_batches();
+    if (!have_batch || batch.ids.empty()) continue;
+    if (batch.ids.size() == static_cast<std::size_t>(f.batch)) ask_batches();
     ack = {"XACK", kStream, group};
-    for (std::size_t i = 0; i < entries.elements; ++i) {
-      const redisReply& e = *entries.element[i];
-      ack.emplace_back(e.element[0]->str, e.element[0]->len);
-      const redisReply& fields = *e.element[1];
-      for (std::size_t k = 0; k + 1 < fields.elements; k += 2) {
-        if (std::string_view(fields.element[k]->str, fields.element[k]->len) == "Idempotency-Key") {
-          keys += fields.element[k + 1]->len;  // the no-op handler looks at its key
-        }
-      }
-    }
+    for (const std::string& id : batch.ids) ack.emplace_back(id);
     p.Append(ack);
     p.Flush();
     expected.push_back('a');
   }
+  keys = batch.keys;
   if (keys == 0) Die("no keys seen");
   return settled;
 }

@@ -157,6 +157,27 @@ Result<Reply> Client::Read() {
   return Reply(static_cast<redisReply*>(reply));
 }
 
+Status Client::ReadWith(redisReplyObjectFunctions* functions, void* privdata) {
+  IDEM_RETURN_IF_ERROR(Flush());
+  redisReader* reader = context_->reader;
+  redisReplyObjectFunctions* const saved = reader->fn;
+  void* const saved_privdata = reader->privdata;
+  reader->fn = functions;
+  reader->privdata = privdata;
+  // redisGetReply without its write (the buffer is empty): parse what is buffered, read more
+  // until a whole reply is there.
+  void* reply = nullptr;
+  int ok = redisGetReplyFromReader(context_, &reply);
+  while (ok == REDIS_OK && reply == nullptr) {
+    ok = redisBufferRead(context_);
+    if (ok == REDIS_OK) ok = redisGetReplyFromReader(context_, &reply);
+  }
+  reader->fn = saved;
+  reader->privdata = saved_privdata;
+  if (ok != REDIS_OK) return Fail("read");
+  return OkStatus();
+}
+
 Status Client::SetTimeout(std::chrono::milliseconds timeout) {
   if (timeout == timeout_) return OkStatus();
   if (broken_) return UnavailableError(where_ + ": broken connection");

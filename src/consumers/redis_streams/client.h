@@ -70,6 +70,10 @@ class Client {
   Status Flush();
   // Sends what is queued, then the next reply in order.
   Result<Reply> Read();
+  // Sends what is queued, then reads the next reply through `functions` (hiredis's object
+  // callbacks; `privdata` reaches them as the root task's privdata), which keep what they read
+  // themselves: nothing is returned and nothing is freed here.
+  Status ReadWith(redisReplyObjectFunctions* functions, void* privdata);
   // Append + Read.
   Result<Reply> Call(const Args& args) {
     Append(args);

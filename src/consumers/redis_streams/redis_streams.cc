@@ -136,8 +136,8 @@ class RedisStreamsBroker final : public Broker {
   // An XREADGROUP reply's entries with their ids, per stream.
   Status ParseRead(const redisReply& reply,
                    std::vector<std::vector<ParsedEntry>>& per_stream) const;
-  // A new entries' read (XREADGROUP ... >): its entries go to `ready`.
-  Status TakeNew(const redisReply& reply);
+  // Reads the reply to an XREADGROUP ... >: its entries go to `ready`.
+  Status ReadNewEntries();
 
   // Poll's steps; each adds to `out` at most `max` entries in all, the rest wait.
   void TakeDue(SteadyClock::time_point now, std::size_t max, std::vector<BrokerMessage>& out);
@@ -292,16 +292,16 @@ Status RedisStreamsBroker::Collect(std::size_t want) {
   while (!expected_.empty() && (want == kAll || (read_aheads_ > 0 && ReadyCount() < want))) {
     const Expect expect = expected_.front();
     expected_.pop_front();
-    auto r = client_->Read();
-    if (!r) return r.error();
-    if (expect == Expect::kAck) {
-      if ((*r)->type != REDIS_REPLY_INTEGER) {
-        return UnavailableError(client_->where() + ": XACK answered " + Describe(**r));
-      }
+    if (expect == Expect::kReadAhead) {
+      --read_aheads_;
+      IDEM_RETURN_IF_ERROR(ReadNewEntries());
       continue;
     }
-    --read_aheads_;
-    IDEM_RETURN_IF_ERROR(TakeNew(**r));
+    auto r = client_->Read();
+    if (!r) return r.error();
+    if ((*r)->type != REDIS_REPLY_INTEGER) {
+      return UnavailableError(client_->where() + ": XACK answered " + Describe(**r));
+    }
   }
   return OkStatus();
 }
@@ -326,25 +326,20 @@ Status RedisStreamsBroker::ParseRead(const redisReply& reply,
   return OkStatus();
 }
 
-Status RedisStreamsBroker::TakeNew(const redisReply& reply) {
-  if (reply.type == REDIS_REPLY_NIL) return OkStatus();  // nothing new
-  if (reply.type != REDIS_REPLY_ARRAY) {
-    return UnavailableError(client_->where() + ": XREADGROUP answered " + Describe(reply));
-  }
-  for (std::size_t i = 0; i < reply.elements; ++i) {
-    const redisReply& pair = *reply.element[i];
-    if (pair.type != REDIS_REPLY_ARRAY || pair.elements != 2) {
-      return InternalError("XREADGROUP answered " + Describe(pair));
-    }
-    const std::size_t s = StreamNamed(Text(*pair.element[0]));
-    if (s == streams_.size()) continue;
-    Stream& st = streams_[s];
+Status RedisStreamsBroker::ReadNewEntries() {
+  std::vector<std::vector<BrokerMessage>*> targets(streams_.size());
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    Stream& st = streams_[i];
     if (st.ready_taken == st.ready.size()) {
       st.ready.clear();
       st.ready_taken = 0;
     }
-    IDEM_RETURN_IF_ERROR(
-        ParseMessages(*pair.element[1], st.name, config_.payload_field, s, st.ready));
+    targets[i] = &st.ready;
+  }
+  NewEntriesParser parser(config_.streams, targets, config_.payload_field);
+  IDEM_RETURN_IF_ERROR(client_->ReadWith(NewEntriesParser::Functions(), &parser));
+  if (!parser.status().ok()) {
+    return Status(parser.status().code(), client_->where() + ": " + parser.status().message());
   }
   return OkStatus();
 }
@@ -570,10 +565,8 @@ Status RedisStreamsBroker::ReadNew(std::size_t max, milliseconds block,
                                    std::vector<BrokerMessage>& out) {
   if (!AppendReadNew(max - out.size(), block)) return OkStatus();
   IDEM_RETURN_IF_ERROR(client_->SetTimeout(config_.timeout + block));
-  auto r = client_->Read();
-  if (!r) return r.error();
+  IDEM_RETURN_IF_ERROR(ReadNewEntries());
   IDEM_RETURN_IF_ERROR(client_->SetTimeout(config_.timeout));
-  IDEM_RETURN_IF_ERROR(TakeNew(**r));
   TakeDue(SteadyClock::now(), max, out);
   return OkStatus();
 }

@@ -160,6 +160,66 @@ TEST(RedisStreamsConfigTest, EntryIdsOrderAsRedisOrdersThem) {
   EXPECT_FALSE(ParseEntryId("1-x").has_value());
 }
 
+// Feeds `resp` to a hiredis reader with the parser's functions, `chunk` bytes at a time.
+Status ParseNew(std::string_view resp, std::size_t chunk, std::vector<BrokerMessage>& a,
+                std::vector<BrokerMessage>& b) {
+  const std::vector<std::string> streams = {"a", "b"};
+  std::vector<std::vector<BrokerMessage>*> targets = {&a, &b};
+  NewEntriesParser parser(streams, targets, "payload");
+  redisReader* reader = redisReaderCreateWithFunctions(NewEntriesParser::Functions());
+  reader->privdata = &parser;
+  void* reply = nullptr;
+  for (std::size_t at = 0; at < resp.size() && reply == nullptr; at += chunk) {
+    const std::string_view part = resp.substr(at, chunk);
+    EXPECT_EQ(redisReaderFeed(reader, part.data(), part.size()), REDIS_OK);
+    EXPECT_EQ(redisReaderGetReply(reader, &reply), REDIS_OK);
+  }
+  EXPECT_NE(reply, nullptr) << "no whole reply";
+  redisReaderFree(reader);
+  return parser.status();
+}
+
+TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
+  const std::string resp =
+      "*2\r\n"
+      "*2\r\n$1\r\nb\r\n*1\r\n"
+      "*2\r\n$3\r\n5-0\r\n*4\r\n$1\r\nk\r\n$1\r\nv\r\n$7\r\npayload\r\n$2\r\nhi\r\n"
+      "*2\r\n$1\r\na\r\n*2\r\n"
+      "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$0\r\n\r\n"
+      "*2\r\n$3\r\n1-1\r\n*6\r\n$7\r\npayload\r\n$1\r\nx\r\n$7\r\npayload\r\n$1\r\ny\r\n"
+      "$15\r\nIdempotency-Key\r\n$2\r\nk1\r\n";
+  for (const std::size_t chunk : {resp.size(), std::size_t{1}, std::size_t{7}}) {
+    std::vector<BrokerMessage> a, b;
+    ASSERT_TRUE(ParseNew(resp, chunk, a, b).ok()) << chunk;
+    ASSERT_EQ(a.size(), 2u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(b[0].partition, "b");
+    EXPECT_EQ(b[0].handle, 1u);
+    EXPECT_EQ(b[0].position, "5-0");
+    EXPECT_EQ(b[0].payload, "hi");
+    EXPECT_THAT(b[0].headers, ElementsAre(Pair("k", "v")));
+    EXPECT_EQ(a[0].partition, "a");
+    EXPECT_EQ(a[0].handle, 0u);
+    EXPECT_EQ(a[0].position, "1-0");
+    EXPECT_EQ(a[0].payload, "");
+    EXPECT_TRUE(a[0].headers.empty());
+    EXPECT_EQ(a[1].payload, "x");  // the first payload field; a second one is a header
+    EXPECT_THAT(a[1].headers, ElementsAre(Pair("payload", "y"), Pair("Idempotency-Key", "k1")));
+  }
+  std::vector<BrokerMessage> a, b;
+  EXPECT_TRUE(ParseNew("*-1\r\n", 1, a, b).ok());  // nil: nothing new
+  EXPECT_TRUE(a.empty() && b.empty());
+  const Status error = ParseNew("-NOGROUP No such key\r\n", 3, a, b);
+  EXPECT_EQ(error.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(error.message(), HasSubstr("NOGROUP"));
+  EXPECT_EQ(ParseNew(":1\r\n", 1, a, b).code(), StatusCode::kInternal);
+  // Entries of a stream it does not read are skipped, the rest kept.
+  const std::string other =
+      "*1\r\n*2\r\n$1\r\nz\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n";
+  EXPECT_TRUE(ParseNew(other, 2, a, b).ok());
+  EXPECT_TRUE(a.empty() && b.empty());
+}
+
 TEST(RedisStreamsTest, UnreachableServerIsUnavailable) {
   auto port = idem::testing::FreePort();
   ASSERT_TRUE(port.has_value());
