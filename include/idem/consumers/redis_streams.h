@@ -25,9 +25,10 @@
 // claims them; entries the broker holds (handed back, or read ahead) are touched with them, and
 // by Poll every `claim_interval`.
 //
-// Pipelining: a Poll that returns a full batch already asks for the next one (read-ahead), and
+// Pipelining: a Poll that returns a full batch already asks for the next two (read-ahead), and
 // Acknowledge sends its XACKs without waiting for their answers, which a later call reads. So
-// Redis reads the next batch and acknowledges the last one while the consumer works.
+// Redis reads the next batches and acknowledges the last one while the consumer works. Entries
+// read ahead are pending on this consumer like delivered ones (up to two batches more).
 //
 // Failures: a connection that breaks, a server that does not answer within `timeout`, or an
 // error reply gives kUnavailable; the next call reconnects (and creates the group again when
