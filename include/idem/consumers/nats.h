@@ -9,14 +9,15 @@
 //   idem::Consumer consumer(*store, **broker, handler, {.scope = "orders"});
 //
 // Mapping onto idem::Broker:
-//   Poll         one fetch (natsSubscription_Fetch) of up to `max` messages. partition = the
-//                message's subject, position = its stream sequence (decimal), deliveries = the
-//                consumer's delivery count, headers copied (libnats keeps no order between
-//                header names; the values of one name keep theirs). Nothing within `wait` ->
-//                an empty batch. Not connected -> kUnavailable; libnats reconnects by itself and
-//                the same Broker polls again once it has (the durable lives on the server).
-//                A durable deleted behind the Broker's back is created again (deliver-all: the
-//                stream is read from its start, and the store answers Replay for what was done).
+//   Poll         one fetch (natsSubscription_Fetch) of up to `max` messages (at most
+//                max_ack_pending). partition = the message's subject, position = its stream
+//                sequence (decimal), deliveries = the consumer's delivery count, headers copied
+//                (libnats keeps no order between header names; the values of one name keep
+//                theirs). Nothing within `wait` -> an empty batch. Not connected -> kUnavailable;
+//                libnats reconnects by itself and the same Broker polls again once it has (the
+//                durable lives on the server). A durable deleted behind the Broker's back is
+//                created again (deliver-all: the stream is read from its start, and the store
+//                answers Replay for what was done).
 //   Acknowledge  +ACK each message, then a flush (a round trip to the server), so the acks
 //                have reached the server when it returns ok; kUnavailable otherwise.
 //   Redeliver    -NAK with the delay, message by message in the order given. JetStream keeps

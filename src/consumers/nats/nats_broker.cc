@@ -1,7 +1,7 @@
 // The JetStream Broker: one durable pull consumer, explicit acks. See idem/consumers/nats.h.
 #include <algorithm>
-#include <climits>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <unordered_map>
 
@@ -170,7 +170,10 @@ class NatsBroker final : public Broker {
     // reach the server later as a stale request: say so at once instead.
     if (!Connected()) return UnavailableError("nats: not connected to " + config_.url);
     Sweep();
-    const int batch = static_cast<int>(std::min<std::size_t>(max, INT_MAX / 2));
+    // Never ask for more than max_ack_pending: the server cannot send more, and a fetch that
+    // waits for the rest waits out all of `wait` (measured: 1/10 of the rate).
+    const int batch = static_cast<int>(
+        std::min<std::size_t>(max, static_cast<std::size_t>(config_.max_ack_pending)));
     natsMsgList list{};
     jsErrCode jerr = static_cast<jsErrCode>(0);
     const natsStatus s = natsSubscription_Fetch(&list, sub_.get(), batch,
@@ -216,8 +219,8 @@ class NatsBroker final : public Broker {
       m.partition = natsMsg_GetSubject(msg);
       m.payload.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
       m.headers = ReadHeaders(msg);
-      m.deliveries = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(std::max<std::uint64_t>(delivered, 1), UINT32_MAX));
+      m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+          std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
       m.handle = next_handle_++;
       pending_.emplace(m.handle, Pending{std::move(owned), now});
       out.push_back(std::move(m));
