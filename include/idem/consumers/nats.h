@@ -4,7 +4,7 @@
 //   auto broker = idem::nats::OpenNatsConsumer({.url = "nats://127.0.0.1:4222",
 //                                               .stream = "ORDERS", .subjects = {"orders.>"},
 //                                               .durable = "idem-orders",
-//                                               .dlq_subject = "orders.dlq",
+//                                               .dlq_subject = "dlq.orders",
 //                                               .dlq_stream = "ORDERS_DLQ"});
 //   idem::Consumer consumer(*store, **broker, handler, {.scope = "orders"});
 //
