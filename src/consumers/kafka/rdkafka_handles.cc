@@ -1,0 +1,64 @@
+#include "consumers/kafka/rdkafka_handles.h"
+
+#include <algorithm>
+#include <climits>
+
+namespace idem::kafka::internal {
+
+Status Set(rd_kafka_conf_t* conf, std::string_view name, std::string_view value) {
+  char err[512];
+  std::string n(name);
+  std::string v(value);
+  if (rd_kafka_conf_set(conf, n.c_str(), v.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK) {
+    return InvalidArgumentError("kafka property '" + n + "': " + err);
+  }
+  return {};
+}
+
+Status SetAll(rd_kafka_conf_t* conf, const Properties& properties) {
+  for (const auto& [name, value] : properties) {
+    if (Status s = Set(conf, name, value); !s.ok()) return s;
+  }
+  return {};
+}
+
+Result<Handle> NewHandle(rd_kafka_type_t type, Conf conf) {
+  char err[512];
+  // rd_kafka_new owns the configuration only when it succeeds.
+  rd_kafka_t* rk = rd_kafka_new(type, conf.get(), err, sizeof err);
+  if (rk == nullptr) return InvalidArgumentError(std::string("kafka configuration: ") + err);
+  (void)conf.release();
+  return Handle(rk);
+}
+
+Headers CopyHeaders(const rd_kafka_message_t* message) {
+  Headers out;
+  rd_kafka_headers_t* headers = nullptr;  // owned by the message
+  if (rd_kafka_message_headers(message, &headers) != RD_KAFKA_RESP_ERR_NO_ERROR) return out;
+  out.reserve(rd_kafka_header_cnt(headers));
+  const char* name = nullptr;
+  const void* value = nullptr;
+  size_t size = 0;
+  for (size_t i = 0;
+       rd_kafka_header_get_all(headers, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
+       ++i) {
+    out.emplace_back(name, value == nullptr ? std::string()
+                                            : std::string(static_cast<const char*>(value), size));
+  }
+  return out;
+}
+
+HeaderList NewHeaderList(const Headers& headers) {
+  HeaderList list(rd_kafka_headers_new(headers.size()));
+  for (const auto& [name, value] : headers) {
+    rd_kafka_header_add(list.get(), name.data(), static_cast<ssize_t>(name.size()), value.data(),
+                        static_cast<ssize_t>(value.size()));
+  }
+  return list;
+}
+
+int TimeoutMs(std::chrono::milliseconds timeout) {
+  return static_cast<int>(std::clamp<std::chrono::milliseconds::rep>(timeout.count(), 0, INT_MAX));
+}
+
+}  // namespace idem::kafka::internal

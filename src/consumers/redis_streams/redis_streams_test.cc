@@ -1,0 +1,490 @@
+// The Redis Streams broker against a real Redis: the shared one (IDEM_TEST_REDIS) and, for
+// restarts, servers of its own (IDEM_REDIS_SERVER). Each test uses streams of its own.
+#include "idem/consumers/redis_streams.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "consumers/redis_streams/client.h"
+#include "consumers/redis_streams/entries.h"
+#include "tests/support/servers.h"
+
+namespace idem::redis_streams {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::Pair;
+using SteadyClock = std::chrono::steady_clock;
+
+std::string SharedUrl() {
+  auto address = testing::RequiredEnv("IDEM_TEST_REDIS");
+  EXPECT_TRUE(address.has_value()) << address.error().ToString();
+  return address ? "redis://" + *address : "redis://127.0.0.1:1";
+}
+
+// A stream name no other test (or run) uses.
+std::string Unique(std::string_view what) {
+  static std::atomic<int> n{0};
+  return "idem-rs-test:" + std::to_string(::getpid()) + ":" +
+         std::to_string(SteadyClock::now().time_since_epoch().count()) + ":" + std::to_string(n++) +
+         ":" + std::string(what);
+}
+
+RedisStreamsConfig Config(const std::string& url, std::vector<std::string> streams,
+                          std::string consumer = "c1") {
+  RedisStreamsConfig c;
+  c.url = url;
+  c.streams = std::move(streams);
+  c.group = "g";
+  c.consumer = std::move(consumer);
+  c.dlq_stream = c.streams.front() + ".dlq";
+  c.timeout = milliseconds(2000);
+  return c;
+}
+
+std::unique_ptr<Broker> Open(const RedisStreamsConfig& c) {
+  auto b = OpenRedisStreamsConsumer(c);
+  EXPECT_TRUE(b.has_value()) << b.error().ToString();
+  return b ? std::move(*b) : nullptr;
+}
+
+// Publishes n entries "<prefix>0".. with an Idempotency-Key header; their ids.
+std::vector<std::string> PublishN(const std::string& url, const std::string& stream, int n,
+                                  const std::string& prefix = "m") {
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) {
+    auto id = Publish(url, stream, prefix + std::to_string(i),
+                      {{"Idempotency-Key", prefix + "-key-" + std::to_string(i)}});
+    EXPECT_TRUE(id.has_value()) << id.error().ToString();
+    if (id) ids.push_back(*id);
+  }
+  return ids;
+}
+
+// Polls until `n` messages came or `timeout` passed.
+std::vector<BrokerMessage> PollN(Broker& b, std::size_t n, std::size_t max = 100,
+                                 milliseconds timeout = milliseconds(5000)) {
+  std::vector<BrokerMessage> all;
+  const auto deadline = SteadyClock::now() + timeout;
+  while (all.size() < n && SteadyClock::now() < deadline) {
+    auto batch = b.Poll(max, milliseconds(50));
+    if (!batch) {
+      ADD_FAILURE() << batch.error().ToString();
+      break;
+    }
+    EXPECT_LE(batch->size(), max);
+    for (auto& m : *batch) all.push_back(std::move(m));
+  }
+  return all;
+}
+
+std::vector<std::string> Positions(const std::vector<BrokerMessage>& ms,
+                                   std::string_view partition = {}) {
+  std::vector<std::string> out;
+  for (const auto& m : ms) {
+    if (partition.empty() || m.partition == partition) out.push_back(m.position);
+  }
+  return out;
+}
+
+std::vector<std::uint32_t> Deliveries(const std::vector<BrokerMessage>& ms) {
+  std::vector<std::uint32_t> out;
+  for (const auto& m : ms) out.push_back(m.deliveries);
+  return out;
+}
+
+Status AckAll(Broker& b, const std::vector<BrokerMessage>& ms) {
+  std::vector<const BrokerMessage*> p;
+  for (const auto& m : ms) p.push_back(&m);
+  return b.Acknowledge(p);
+}
+
+// A number from redis: XPENDING's count of entries pending in the group.
+long long PendingCount(const std::string& url, const std::string& stream) {
+  auto a = ParseAddress(url);
+  if (!a) return -1;
+  auto c = Client::Open(*a, milliseconds(2000));
+  if (!c) return -1;
+  auto r = (*c)->Call(Args().Add("XPENDING").Add(stream).Add("g"));
+  if (!r || (*r)->type != REDIS_REPLY_ARRAY || (*r)->elements < 1) return -1;
+  return (*r)->element[0]->integer;
+}
+
+TEST(RedisStreamsConfigTest, RejectsBadOptionsNamingThem) {
+  const RedisStreamsConfig good = Config("redis://127.0.0.1:1", {"s"});
+  struct Case {
+    std::string option;
+    std::function<void(RedisStreamsConfig&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"url", [](auto& c) { c.url = ""; }},
+      {"url", [](auto& c) { c.url = "http://x"; }},
+      {"url", [](auto& c) { c.url = "redis+cluster://a:1,b:2"; }},
+      {"url", [](auto& c) { c.url = "redis://h:1?prefix=x"; }},
+      {"streams", [](auto& c) { c.streams.clear(); }},
+      {"streams",
+       [](auto& c) {
+         c.streams = {"a", ""};
+       }},
+      {"streams",
+       [](auto& c) {
+         c.streams = {"a", "a"};
+       }},
+      {"group", [](auto& c) { c.group = ""; }},
+      {"consumer", [](auto& c) { c.consumer = ""; }},
+      {"dlq_stream", [](auto& c) { c.dlq_stream = ""; }},
+      {"dlq_stream", [](auto& c) { c.dlq_stream = "s"; }},
+      {"payload_field", [](auto& c) { c.payload_field = ""; }},
+      {"claim_idle", [](auto& c) { c.claim_idle = milliseconds(0); }},
+      {"claim_interval", [](auto& c) { c.claim_interval = milliseconds(-1); }},
+      {"timeout", [](auto& c) { c.timeout = milliseconds(0); }},
+  };
+  for (const Case& k : cases) {
+    RedisStreamsConfig c = good;
+    k.spoil(c);
+    auto b = OpenRedisStreamsConsumer(c);
+    ASSERT_FALSE(b.has_value()) << k.option;
+    EXPECT_EQ(b.error().code(), StatusCode::kInvalidArgument) << k.option;
+    EXPECT_THAT(b.error().message(), HasSubstr(k.option)) << b.error().ToString();
+  }
+}
+
+TEST(RedisStreamsConfigTest, UrlPasswordIsHiddenInMessages) {
+  RedisStreamsConfig c = Config("redis://:s3cret@h:1?x=1", {"s"});
+  auto b = OpenRedisStreamsConsumer(c);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_THAT(b.error().message(), Not(HasSubstr("s3cret")));
+}
+
+TEST(RedisStreamsConfigTest, EntryIdsOrderAsRedisOrdersThem) {
+  EXPECT_LT(*ParseEntryId("9-5"), *ParseEntryId("10-0"));
+  EXPECT_LT(*ParseEntryId("10-2"), *ParseEntryId("10-10"));
+  EXPECT_EQ(ParseEntryId("1700000000000-3")->ToString(), "1700000000000-3");
+  EXPECT_FALSE(ParseEntryId("10").has_value());
+  EXPECT_FALSE(ParseEntryId("-1").has_value());
+  EXPECT_FALSE(ParseEntryId("1-x").has_value());
+}
+
+TEST(RedisStreamsTest, UnreachableServerIsUnavailable) {
+  auto port = testing::FreePort();
+  ASSERT_TRUE(port.has_value());
+  auto b =
+      OpenRedisStreamsConsumer(Config("redis://127.0.0.1:" + std::to_string(*port), {Unique("s")}));
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().code(), StatusCode::kUnavailable) << b.error().ToString();
+}
+
+TEST(RedisStreamsTest, MissingGroupIsRefusedWhenNotCreating) {
+  RedisStreamsConfig c = Config(SharedUrl(), {Unique("s")});
+  c.create_group = false;
+  auto b = OpenRedisStreamsConsumer(c);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().code(), StatusCode::kFailedPrecondition) << b.error().ToString();
+  // Once the group exists, the same config opens.
+  c.create_group = true;
+  ASSERT_NE(Open(c), nullptr);
+  c.create_group = false;
+  EXPECT_NE(Open(c), nullptr);
+}
+
+TEST(RedisStreamsTest, PollsEveryStreamInEntryOrder) {
+  const std::string url = SharedUrl();
+  const std::string a = Unique("a"), b = Unique("b");
+  auto broker = Open(Config(url, {a, b}));
+  ASSERT_NE(broker, nullptr);
+  EXPECT_EQ(broker->Name(), "redis");
+  auto empty = broker->Poll(10, milliseconds(20));
+  ASSERT_TRUE(empty.has_value()) << empty.error().ToString();
+  EXPECT_TRUE(empty->empty());
+
+  const auto ids_a = PublishN(url, a, 7, "a");
+  const auto ids_b = PublishN(url, b, 5, "b");
+  ASSERT_TRUE(Publish(url, a, "with-extra", {{"k", "v"}, {"Idempotency-Key", "x"}}).has_value());
+  // COUNT is per stream in XREADGROUP: batches of 4 must still hold at most 4.
+  auto got = PollN(*broker, 13, /*max=*/4);
+  ASSERT_EQ(got.size(), 13u);
+  EXPECT_THAT(Positions(got, b), ElementsAreArray(ids_b));
+  const auto pa = Positions(got, a);
+  ASSERT_EQ(pa.size(), 8u);
+  EXPECT_TRUE(std::equal(ids_a.begin(), ids_a.end(), pa.begin()));
+  for (const auto& m : got) {
+    EXPECT_EQ(m.deliveries, 1u);
+    if (m.payload == "a3") {
+      EXPECT_EQ(m.partition, a);
+      EXPECT_EQ(m.position, ids_a[3]);
+      EXPECT_THAT(m.headers, ElementsAre(Pair("Idempotency-Key", "a-key-3")));
+    }
+    if (m.payload == "with-extra") {
+      EXPECT_THAT(m.headers, ElementsAre(Pair("k", "v"), Pair("Idempotency-Key", "x")));
+    }
+  }
+  EXPECT_TRUE(AckAll(*broker, got).ok());
+  EXPECT_EQ(PendingCount(url, a), 0);
+  EXPECT_EQ(PendingCount(url, b), 0);
+  EXPECT_TRUE(broker->Health().ok());
+}
+
+TEST(RedisStreamsTest, AcknowledgedEntriesAreNotDeliveredAgain) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto ids = PublishN(url, s, 6);
+  {
+    auto broker = Open(Config(url, {s}));
+    ASSERT_NE(broker, nullptr);
+    auto got = PollN(*broker, 6);
+    ASSERT_EQ(got.size(), 6u);
+    got.resize(3);
+    ASSERT_TRUE(AckAll(*broker, got).ok());
+  }
+  // Same consumer again: only the three it did not acknowledge, delivered a second time.
+  auto broker = Open(Config(url, {s}));
+  ASSERT_NE(broker, nullptr);
+  auto again = PollN(*broker, 3);
+  EXPECT_THAT(Positions(again), ElementsAre(ids[3], ids[4], ids[5]));
+  EXPECT_THAT(Deliveries(again), ElementsAre(2u, 2u, 2u));
+  ASSERT_TRUE(AckAll(*broker, again).ok());
+  auto none = broker->Poll(10, milliseconds(50));
+  ASSERT_TRUE(none.has_value());
+  EXPECT_TRUE(none->empty());
+  broker.reset();
+  auto third = Open(Config(url, {s}));
+  auto nothing = third->Poll(10, milliseconds(50));
+  ASSERT_TRUE(nothing.has_value());
+  EXPECT_TRUE(nothing->empty());
+  EXPECT_EQ(PendingCount(url, s), 0);
+}
+
+TEST(RedisStreamsTest, RestartedConsumerGetsItsOwnPendingEntriesFirst) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto first = PublishN(url, s, 4, "old");
+  {
+    auto broker = Open(Config(url, {s}, "worker-1"));
+    ASSERT_EQ(PollN(*broker, 4).size(), 4u);  // and "crashes": nothing acknowledged
+  }
+  const auto later = PublishN(url, s, 3, "new");
+  auto broker = Open(Config(url, {s}, "worker-1"));
+  auto got = PollN(*broker, 7, /*max=*/3);
+  std::vector<std::string> expected = first;
+  expected.insert(expected.end(), later.begin(), later.end());
+  EXPECT_THAT(Positions(got), ElementsAreArray(expected));
+  EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u, 2u, 1u, 1u, 1u));
+}
+
+TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto ids = PublishN(url, s, 5);
+  auto dead_config = Config(url, {s}, "dead");
+  SteadyClock::time_point read_at;
+  {
+    auto dead = Open(dead_config);
+    ASSERT_EQ(PollN(*dead, 5).size(), 5u);
+    read_at = SteadyClock::now();
+  }
+  auto config = Config(url, {s}, "alive");
+  config.claim_idle = milliseconds(300);
+  config.claim_interval = milliseconds(50);
+  auto alive = Open(config);
+  ASSERT_NE(alive, nullptr);
+  auto got = PollN(*alive, 5);
+  const auto waited = SteadyClock::now() - read_at;
+  EXPECT_THAT(Positions(got), ElementsAreArray(ids));
+  EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u, 2u, 2u));
+  EXPECT_GE(waited, milliseconds(300));
+  ASSERT_TRUE(AckAll(*alive, got).ok());
+  EXPECT_EQ(PendingCount(url, s), 0);
+  // New entries go on as usual after the claimed ones.
+  const auto more = PublishN(url, s, 2, "more");
+  EXPECT_THAT(Positions(PollN(*alive, 2)), ElementsAreArray(more));
+}
+
+TEST(RedisStreamsTest, TouchedEntriesAreNotClaimed) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  PublishN(url, s, 2);
+  auto config = Config(url, {s}, "slow");
+  config.claim_idle = milliseconds(300);
+  config.claim_interval = milliseconds(50);
+  auto slow = Open(config);
+  auto held = PollN(*slow, 2);
+  ASSERT_EQ(held.size(), 2u);
+  config.consumer = "other";
+  auto other = Open(config);
+  const auto until = SteadyClock::now() + milliseconds(700);
+  std::vector<const BrokerMessage*> p = {&held[0], &held[1]};
+  while (SteadyClock::now() < until) {
+    ASSERT_TRUE(slow->Touch(p).ok());
+    auto got = other->Poll(10, milliseconds(100));
+    ASSERT_TRUE(got.has_value());
+    EXPECT_TRUE(got->empty()) << "claimed although touched";
+  }
+}
+
+TEST(RedisStreamsTest, RedeliverWaitsItsDelayAndKeepsStreamOrder) {
+  const std::string url = SharedUrl();
+  const std::string a = Unique("a"), b = Unique("b");
+  auto broker = Open(Config(url, {a, b}));
+  ASSERT_NE(broker, nullptr);
+  const auto ids = PublishN(url, a, 6, "a");
+  auto got = PollN(*broker, 6);
+  ASSERT_EQ(got.size(), 6u);
+  ASSERT_TRUE(AckAll(*broker, {got[0], got[1]}).ok());
+  std::vector<const BrokerMessage*> back = {&got[2], &got[3], &got[4], &got[5]};
+  const auto handed_back = SteadyClock::now();
+  ASSERT_TRUE(broker->Redeliver(back, milliseconds(400)).ok());
+  const auto later_a = PublishN(url, a, 2, "later");
+  const auto ids_b = PublishN(url, b, 2, "b");
+
+  // The other stream goes on; stream a waits: nothing newer comes before the handed-back ones.
+  auto first = PollN(*broker, 2);
+  EXPECT_THAT(Positions(first), ElementsAreArray(ids_b));
+  auto rest = PollN(*broker, 6, /*max=*/3);
+  EXPECT_GE(SteadyClock::now() - handed_back, milliseconds(400));
+  EXPECT_THAT(Positions(rest), ElementsAre(ids[2], ids[3], ids[4], ids[5], later_a[0], later_a[1]));
+  EXPECT_THAT(Deliveries(rest), ElementsAre(2u, 2u, 2u, 2u, 1u, 1u));
+
+  // Handed back twice, partly: the first of them comes again before the rest.
+  ASSERT_TRUE(AckAll(*broker, {rest[0], rest[2], rest[3], rest[4], rest[5]}).ok());
+  std::vector<const BrokerMessage*> again = {&rest[1]};
+  ASSERT_TRUE(broker->Redeliver(again, milliseconds(50)).ok());
+  auto third = PollN(*broker, 1);
+  EXPECT_THAT(Positions(third), ElementsAre(ids[3]));
+  EXPECT_THAT(Deliveries(third), ElementsAre(3u));
+}
+
+TEST(RedisStreamsTest, HandedBackEntriesSurviveARestart) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto ids = PublishN(url, s, 3);
+  {
+    auto broker = Open(Config(url, {s}));
+    auto got = PollN(*broker, 3);
+    ASSERT_EQ(got.size(), 3u);
+    std::vector<const BrokerMessage*> back = {&got[0], &got[1], &got[2]};
+    ASSERT_TRUE(broker->Redeliver(back, std::chrono::hours(1)).ok());
+  }
+  // A crash forgets the delay; the entries are still pending on this consumer.
+  auto broker = Open(Config(url, {s}));
+  EXPECT_THAT(Positions(PollN(*broker, 3)), ElementsAreArray(ids));
+}
+
+TEST(RedisStreamsTest, DeadLetterCarriesPayloadHeadersAndReason) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  auto config = Config(url, {s});
+  config.dlq_stream = s + ".dead";
+  auto broker = Open(config);
+  const auto id = Publish(url, s, "{\"n\":1}", {{"Idempotency-Key", "k-1"}, {"trace", "t9"}});
+  ASSERT_TRUE(id.has_value());
+  auto got = PollN(*broker, 1);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(
+      broker
+          ->DeadLetter(
+              got[0],
+              {.reason = "attempts_exhausted", .attempts = 5, .last_error = "boom", .key = "k-1"})
+          .ok());
+  auto dead = ReadStream(url, config.dlq_stream);
+  ASSERT_TRUE(dead.has_value()) << dead.error().ToString();
+  ASSERT_EQ(dead->size(), 1u);
+  const BrokerMessage& d = dead->front();
+  EXPECT_EQ(d.payload, "{\"n\":1}");
+  std::map<std::string, std::string> h(d.headers.begin(), d.headers.end());
+  EXPECT_EQ(h["Idempotency-Key"], "k-1");
+  EXPECT_EQ(h["trace"], "t9");
+  EXPECT_EQ(h[std::string(kDlqReasonHeader)], "attempts_exhausted");
+  EXPECT_EQ(h[std::string(kDlqAttemptsHeader)], "5");
+  EXPECT_EQ(h[std::string(kDlqErrorHeader)], "boom");
+  EXPECT_EQ(h[std::string(kDlqKeyHeader)], "k-1");
+  EXPECT_EQ(h[std::string(kDlqSourceHeader)], s + "@" + *id);
+}
+
+TEST(RedisStreamsTest, BulkPublishKeepsOrder) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  std::vector<StreamEntry> entries;
+  for (int i = 0; i < 2000; ++i) {
+    entries.push_back(
+        {.payload = "p" + std::to_string(i), .headers = {{"Idempotency-Key", std::to_string(i)}}});
+  }
+  ASSERT_TRUE(Publish(url, s, entries).ok());
+  auto all = ReadStream(url, s);
+  ASSERT_TRUE(all.has_value());
+  ASSERT_EQ(all->size(), 2000u);
+  for (int i = 0; i < 2000; ++i) {
+    EXPECT_EQ((*all)[i].payload, "p" + std::to_string(i));
+  }
+}
+
+// ---- A server of its own, killed and restarted. ----
+
+struct OwnServer {
+  std::filesystem::path dir;
+  std::optional<testing::RedisServer> server;
+  std::string url;
+};
+
+OwnServer StartOwnServer(std::string_view name) {
+  OwnServer o;
+  o.dir = std::filesystem::temp_directory_path() / Unique(name);
+  auto port = testing::FreePort();
+  EXPECT_TRUE(port.has_value());
+  if (!port) return o;
+  auto s =
+      testing::RedisServer::Start(o.dir, *port, {"--appendonly", "yes", "--appendfsync", "always"});
+  EXPECT_TRUE(s.has_value()) << s.error().ToString();
+  if (s) {
+    o.url = "redis://" + s->address();
+    o.server.emplace(std::move(*s));
+  }
+  return o;
+}
+
+TEST(RedisStreamsTest, ReconnectsByItselfAfterTheServerRestarts) {
+  OwnServer own = StartOwnServer("restart");
+  ASSERT_TRUE(own.server.has_value());
+  const std::string s = "orders";
+  auto broker = Open(Config(own.url, {s}));
+  ASSERT_NE(broker, nullptr);
+  const auto ids = PublishN(own.url, s, 3);
+  ASSERT_EQ(PollN(*broker, 3).size(), 3u);
+
+  ASSERT_TRUE(own.server->Kill().ok());
+  auto down = broker->Poll(10, milliseconds(10));
+  ASSERT_FALSE(down.has_value());
+  EXPECT_EQ(down.error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(broker->Health().code(), StatusCode::kUnavailable);
+  auto again = broker->Poll(10, milliseconds(10));  // still down: reconnecting fails
+  ASSERT_FALSE(again.has_value());
+  EXPECT_EQ(again.error().code(), StatusCode::kUnavailable);
+
+  ASSERT_TRUE(own.server->Restart().ok());
+  // The unacknowledged entries come back (the pending list survived in the AOF).
+  auto got = PollN(*broker, 3);
+  EXPECT_THAT(Positions(got), ElementsAreArray(ids));
+  EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u));
+  EXPECT_TRUE(broker->Health().ok());
+  ASSERT_TRUE(AckAll(*broker, got).ok());
+  std::error_code ec;
+  own.server.reset();
+  std::filesystem::remove_all(own.dir, ec);
+}
+
+}  // namespace
+}  // namespace idem::redis_streams
