@@ -571,6 +571,12 @@ TEST_F(NatsRestartTest, BrokerIsUnavailableWhileTheServerIsDownAndRecoversByItse
   }
   EXPECT_TRUE(saw_unavailable);
   EXPECT_FALSE(b->Health().ok());
+  // Settling and dead-lettering fail at once rather than wait for request_timeout.
+  const auto down = SteadyClock::now();
+  EXPECT_EQ(b->Acknowledge(Ptrs(first)).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(b->DeadLetter(first[0], {.reason = "permanent", .attempts = 1}).code(),
+            StatusCode::kUnavailable);
+  EXPECT_LT(SteadyClock::now() - down, 1s);
 
   ASSERT_TRUE(server_->Restart().ok());
   {
