@@ -111,7 +111,7 @@ class Publisher {
   // Publishes and waits for the PubAck; the stored sequence.
   Result<std::uint64_t> Publish(std::string_view subject, std::string_view payload,
                                 const Headers& headers = {});
-  // Publishes without waiting (at most a few thousand PubAcks outstanding)...
+  // Publishes without waiting; with 4000 PubAcks outstanding it waits (up to 10 s) for some...
   Status PublishAsync(std::string_view subject, std::string_view payload,
                       const Headers& headers = {});
   // ...then waits until every PubAck of those came: kUnavailable when one failed or `timeout`

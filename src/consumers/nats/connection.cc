@@ -99,7 +99,12 @@ Result<Connection> Connect(const ConnectOptions& options) {
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = options.request_timeout.count();
-  if (options.max_pending_publishes > 0) jo.PublishAsync.MaxPending = options.max_pending_publishes;
+  if (options.max_pending_publishes > 0) {
+    jo.PublishAsync.MaxPending = options.max_pending_publishes;
+    // A publisher that got that far ahead waits this long for PubAcks before it fails (the
+    // default, 200 ms, fails a bulk publish on a busy machine).
+    jo.PublishAsync.StallWait = 10'000;
+  }
   jo.PublishAsync.ErrHandler = options.publish_error_handler;
   jo.PublishAsync.ErrHandlerClosure = options.publish_error_closure;
   jsCtx* js = nullptr;
