@@ -56,7 +56,8 @@ std::string HideSecrets(std::string_view url) {
     const std::string_view userinfo = part.substr(start, at - start);
     const auto colon = userinfo.find(':');
     out += part.substr(0, start);
-    out += colon == std::string_view::npos ? "***" : std::string(userinfo.substr(0, colon)) + ":***";
+    out +=
+        colon == std::string_view::npos ? "***" : std::string(userinfo.substr(0, colon)) + ":***";
     out += part.substr(at);
   }
   return out;
