@@ -185,8 +185,9 @@ Pass RunPlain(const Flags& f, const Setup& s, const std::string& durable) {
   const Stopwatch watch;
   while (got < f.messages) {
     natsMsgList list{};
-    const natsStatus st =
-        natsSubscription_Fetch(&list, sub, static_cast<int>(f.batch), 100, nullptr);
+    // As the adapter does: never more than max_ack_pending at once.
+    const natsStatus st = natsSubscription_Fetch(
+        &list, sub, static_cast<int>(std::min<std::size_t>(f.batch, 1000)), 100, nullptr);
     if (st == NATS_TIMEOUT) continue;
     Check(st, "fetch");
     for (int i = 0; i < list.Count; ++i) {
