@@ -252,7 +252,7 @@ Pass RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem::S
   o.name = durable;
   o.scope = durable;  // a scope per pass: every key is new to it
   o.batch_size = f.batch;
-  o.poll_wait = 100ms;
+  o.poll_wait = 100ms;  // not pipelined, as idemd consume runs NATS (docs/consumers.md)
   idem::Consumer consumer(
       store, **broker,
       [](const idem::HandlerContext&, const idem::BrokerMessage&) {

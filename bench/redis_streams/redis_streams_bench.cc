@@ -341,7 +341,8 @@ long long RunIdem(const Flags& f, const std::string& group, idem::Store& store) 
                           {.name = "bench",
                            .scope = "bench:" + group,
                            .batch_size = static_cast<std::size_t>(f.batch),
-                           .poll_wait = 20ms});
+                           .poll_wait = 20ms,
+                           .pipeline = true});  // as idemd consume runs it
   while (consumer.counts().executed + consumer.counts().replayed <
          static_cast<std::uint64_t>(f.messages)) {
     auto n = consumer.RunOnce();
