@@ -185,8 +185,9 @@ Pass RunPlain(const Flags& f, const Setup& s, const std::string& durable) {
   const Stopwatch watch;
   while (got < f.messages) {
     natsMsgList list{};
-    const natsStatus st =
-        natsSubscription_Fetch(&list, sub, static_cast<int>(f.batch), 100, nullptr);
+    // As the adapter does: never more than max_ack_pending at once.
+    const natsStatus st = natsSubscription_Fetch(
+        &list, sub, static_cast<int>(std::min<std::size_t>(f.batch, 1000)), 100, nullptr);
     if (st == NATS_TIMEOUT) continue;
     Check(st, "fetch");
     for (int i = 0; i < list.Count; ++i) {
@@ -251,7 +252,7 @@ Pass RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem::S
   o.name = durable;
   o.scope = durable;  // a scope per pass: every key is new to it
   o.batch_size = f.batch;
-  o.poll_wait = 100ms;
+  o.poll_wait = 100ms;  // not pipelined, as idemd consume runs NATS (docs/consumers.md)
   idem::Consumer consumer(
       store, **broker,
       [](const idem::HandlerContext&, const idem::BrokerMessage&) {

@@ -155,6 +155,11 @@ struct ConsumerOptions {
   std::chrono::milliseconds max_backoff{10'000};
   double jitter = 0.5;  // each delay is scaled by a random factor in [1 - jitter, 1]
   std::chrono::milliseconds busy_timeout{0};  // 0: lease + 1 s
+  // Overlap each batch's CompleteBatch (on a thread of the consumer's own) with the next
+  // batch's Poll and BeginBatch, so a durable store's two syncs per batch become about one.
+  // A batch is then acknowledged during the next RunOnce (or Flush); messages of a partition
+  // the previous batch hands back are handed back with it, so order still holds.
+  bool pipeline = false;
   // Time and waits (backoff, Busy). nullptr: the system clock, and waits that Stop() cuts
   // short; a fake clock's SleepFor lets tests run retries without sleeping.
   Clock* clock = nullptr;
@@ -176,16 +181,19 @@ struct ConsumerCounts {
 
 class Consumer {
  public:
-  // The store, broker and registry must outlive the consumer.
+  // The store, broker and registry must outlive the consumer. The destructor Flush()es.
   Consumer(Store& store, Broker& broker, MessageHandler handler, ConsumerOptions options);
   ~Consumer();
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
 
   // One poll-process-acknowledge round; the number of messages polled, or the error that
-  // stopped the round (nothing unsettled was acknowledged).
+  // stopped the round (nothing unsettled was acknowledged). With options.pipeline the round
+  // completes and acknowledges the previous batch, and leaves its own completing: Flush().
   Result<std::size_t> RunOnce();
-  // Rounds until Stop(); backs off after errors.
+  // Completes and acknowledges a batch a pipelined RunOnce left behind; ok when there is none.
+  Status Flush();
+  // Rounds until Stop(), then Flush(); backs off after errors.
   void Run();
   // Ends Run() after its current message; safe from any thread.
   void Stop();

@@ -241,6 +241,11 @@ const std::map<std::string, Setter, std::less<>>& ConsumerOptions() {
       {"backoff", Set(&ConsumerConfig::backoff, DurationFromNode)},
       {"max_backoff", Set(&ConsumerConfig::max_backoff, DurationFromNode)},
       {"busy_timeout", Set(&ConsumerConfig::busy_timeout, DurationFromNode)},
+      {"pipeline", Set(&ConsumerConfig::pipeline,
+                       [](const toml::node& n) -> Result<bool> {
+                         if (!n.is_boolean()) return WrongType(n, "true or false");
+                         return n.as_boolean()->get();
+                       })},
   };
   return options;
 }
@@ -299,6 +304,7 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
   if (!has_scope) c.scope = c.name;
   if (c.broker == BrokerKind::kNats && c.dlq_stream.empty()) c.dlq_stream = c.stream + "_DLQ";
   if (c.consumer_name.empty()) c.consumer_name = c.name;
+  if (!c.pipeline) c.pipeline = c.broker != BrokerKind::kNats;
   config.consumers.push_back(std::move(c));
   return OkStatus();
 }
@@ -469,6 +475,10 @@ Top-level options (file or flag):
   backoff, max_backoff  retry delays: backoff doubling up to max_backoff, with jitter
                      (default 100ms, 10s)
   busy_timeout       how long a key another worker holds is waited for (default lease + 1s)
+  pipeline           store a batch's completions while the next batch is polled and begun:
+                     a durable store's two syncs per batch become about one (default true
+                     for kafka and redis; false for nats, where it would let a restarted
+                     consumer run newer messages of a subject before older ones)
 
 Durations: "250ms", "30s", "5m", "1h" or an integer of milliseconds.
 Exit status: 0 after SIGTERM/SIGINT, 1 when the store, a broker or the admin listener cannot be

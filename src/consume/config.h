@@ -76,6 +76,10 @@ struct ConsumerConfig {
   std::chrono::milliseconds backoff{100};
   std::chrono::milliseconds max_backoff{10'000};
   std::chrono::milliseconds busy_timeout{0};  // 0: lease + 1 s
+  // Overlap a batch's completion with the next batch's poll and begin. Default: on for Kafka
+  // and Redis, off for NATS (ParseConsumeConfig fills it in): JetStream hands a restarted
+  // consumer new messages before the ones it had out unless max_ack_pending is one batch.
+  std::optional<bool> pipeline{};
 };
 
 struct ConsumeConfig {

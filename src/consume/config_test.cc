@@ -43,6 +43,7 @@ TEST(ConsumeConfigTest, MinimalKafkaConsumerGetsTheDefaults) {
   EXPECT_EQ(k.batch, 256u);
   EXPECT_EQ(k.max_attempts, 5u);
   EXPECT_EQ(k.lease, milliseconds(30'000));
+  EXPECT_EQ(k.pipeline, true);
 }
 
 TEST(ConsumeConfigTest, EveryOptionIsRead) {
@@ -78,6 +79,7 @@ max_attempts = 7
 backoff = "50ms"
 max_backoff = "2s"
 busy_timeout = "3s"
+pipeline = false
 
 [[consumer]]
 name = "streams"
@@ -120,6 +122,8 @@ properties = { ignored = "only kafka reads these" }
   EXPECT_EQ(n.backoff, milliseconds(50));
   EXPECT_EQ(n.max_backoff, milliseconds(2000));
   EXPECT_EQ(n.busy_timeout, milliseconds(3000));
+  EXPECT_EQ(n.pipeline, false);
+  EXPECT_EQ(c->consumers[1].pipeline, true);  // redis: on by default
   const ConsumerConfig& r = c->consumers[1];
   EXPECT_EQ(r.broker, BrokerKind::kRedis);
   EXPECT_EQ(r.topics, (std::vector<std::string>{"a", "b"}));

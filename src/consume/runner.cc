@@ -109,10 +109,11 @@ Result<std::unique_ptr<Broker>> OpenBroker(const ConsumerConfig& c) {
       n.dlq_subject = c.dlq;
       n.dlq_stream = c.dlq_stream;
       n.ack_wait = c.ack_wait;
-      // No more unacknowledged messages out than one batch: after a crash, the server
-      // redelivers that batch (after ack_wait) before it lets anything newer out, so the
-      // subject's order of effects holds across restarts.
-      n.max_ack_pending = static_cast<int>(c.batch);
+      // No more unacknowledged messages out than one batch: after a crash the server
+      // redelivers them (after ack_wait) before it lets anything newer out, so each subject's
+      // order of effects holds across restarts. Pipelined, the consumer holds two batches: the
+      // order across a crash is then not kept (docs/consumers.md).
+      n.max_ack_pending = static_cast<int>(c.batch * (c.pipeline.value_or(false) ? 2 : 1));
       n.connection_name = "idemd-" + c.name;
       return nats::OpenNatsConsumer(n);
     }
@@ -143,6 +144,7 @@ ConsumerOptions CoreOptions(const ConsumerConfig& c, Registry* registry) {
   o.backoff = c.backoff;
   o.max_backoff = c.max_backoff;
   o.busy_timeout = c.busy_timeout;
+  o.pipeline = c.pipeline.value_or(false);
   o.registry = registry;
   return o;
 }

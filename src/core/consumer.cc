@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,7 @@ enum class Fate : std::uint8_t {
   kOpen,        // not decided yet
   kSettled,     // may be acknowledged (once its completion, if any, is stored)
   kHandedBack,  // must be delivered again
+  kReturned,    // already handed back with the previous batch's messages of its partition
 };
 
 struct Item {
@@ -108,6 +110,17 @@ struct Completion {
   std::size_t item = 0;
   Outcome outcome = Outcome::kSuccess;
   std::string response{};
+};
+
+// One polled batch on its way through the consumer. Items point into `batch`, so a Round is
+// never copied or moved once filled (it lives behind a unique_ptr).
+struct Round {
+  std::vector<BrokerMessage> batch;
+  std::vector<Item> items;
+  std::vector<Completion> completions;
+  bool store_failed = false;
+  bool broker_failed = false;
+  std::chrono::milliseconds handback_delay{0};
 };
 
 }  // namespace
@@ -183,14 +196,14 @@ struct Consumer::Impl {
   }
 
   // The delay before retry number `n` (1, 2, ...): backoff * 2^(n-1), capped, with jitter.
-  milliseconds Backoff(std::uint32_t n) {
+  milliseconds Backoff(std::uint32_t n, std::mt19937_64& random) {
     double d = static_cast<double>(options.backoff.count());
     for (std::uint32_t i = 1; i < n && d < static_cast<double>(options.max_backoff.count()); ++i) {
       d *= 2;
     }
     d = std::min(d, static_cast<double>(options.max_backoff.count()));
     std::uniform_real_distribution<double> factor(1.0 - options.jitter, 1.0);
-    return milliseconds(static_cast<std::int64_t>(d * factor(rng)));
+    return milliseconds(static_cast<std::int64_t>(d * factor(random)));
   }
 
   Result<BeginAnswer> BeginOne(const Item& item) {
@@ -291,7 +304,7 @@ struct Consumer::Impl {
       Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
       const BrokerMessage* touch[] = {item.message};
       (void)broker.Touch(touch);
-      Sleep(Backoff(retry));
+      Sleep(Backoff(retry, rng));
       ++attempt;
     }
   }
@@ -323,7 +336,7 @@ struct Consumer::Impl {
     while (!stop.load()) {
       const Timestamp now = clock.Now();
       if (now >= until) break;
-      milliseconds d = Backoff(++n);
+      milliseconds d = Backoff(++n, rng);
       if (lease_deadline > now)
         d = std::min(
             d, std::chrono::duration_cast<milliseconds>(lease_deadline - now + milliseconds(5)));
@@ -340,29 +353,36 @@ struct Consumer::Impl {
     return std::nullopt;
   }
 
-  Result<std::size_t> RunOnce() {
-    auto polled = broker.Poll(options.batch_size, options.poll_wait);
+  // ---- one round ----
+
+  // Polls a batch, or nullptr when nothing came.
+  Result<std::unique_ptr<Round>> PollRound(milliseconds wait) {
+    auto polled = broker.Poll(options.batch_size, wait);
     if (!polled) {
       Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
       return polled.error();
     }
-    std::vector<BrokerMessage>& batch = *polled;
-    if (batch.empty()) return std::size_t{0};
-    Count(&ConsumerCounts::received, &ConsumerMetrics::received, batch.size());
+    if (polled->empty()) return std::unique_ptr<Round>();
+    auto round = std::make_unique<Round>();
+    round->batch = std::move(*polled);
+    Count(&ConsumerCounts::received, &ConsumerMetrics::received, round->batch.size());
     if (own) own->batches->Inc();
-
-    // Keys, in-batch duplicates, one BeginBatch.
-    std::vector<Item> items(batch.size());
-    std::unordered_map<std::string_view, int> first_of;
-    std::vector<BeginRequest> requests;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      Item& item = items[i];
-      item.message = &batch[i];
-      Classify(item);
+    round->items.resize(round->batch.size());
+    for (std::size_t i = 0; i < round->batch.size(); ++i) {
+      round->items[i].message = &round->batch[i];
+      Classify(round->items[i]);
     }
-    first_of.reserve(items.size());
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      Item& item = items[i];
+    return round;
+  }
+
+  // In-batch duplicates follow their first occurrence; the others get one BeginRequest each.
+  std::vector<BeginRequest> Requests(Round& r) {
+    std::unordered_map<std::string_view, int> first_of;
+    first_of.reserve(r.items.size());
+    std::vector<BeginRequest> requests;
+    requests.reserve(r.items.size());
+    for (std::size_t i = 0; i < r.items.size(); ++i) {
+      Item& item = r.items[i];
       if (!item.poison_reason.empty()) continue;
       auto [it, inserted] = first_of.try_emplace(item.key, static_cast<int>(i));
       if (!inserted) {
@@ -375,64 +395,93 @@ struct Consumer::Impl {
                           .fingerprint = item.fingerprint,
                           .lease = options.lease});
     }
+    return requests;
+  }
+
+  std::vector<Result<BeginAnswer>> BeginAll(Round& r, std::span<const BeginRequest> requests) {
     std::vector<Result<BeginAnswer>> answers;
-    if (!requests.empty()) {
-      core::Stopwatch sw;
-      answers = store.BeginBatch(requests);
-      if (metrics) {
-        metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
-        for (const auto& a : answers) CountBegin(*metrics, a);
-      }
+    if (requests.empty()) return answers;
+    core::Stopwatch sw;
+    answers = store.BeginBatch(requests);
+    if (metrics) {
+      metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
+      for (const auto& a : answers) CountBegin(*metrics, a);
     }
-    for (Item& item : items) {
+    for (Item& item : r.items) {
       if (item.begin_index < 0) continue;
       const auto& a = answers[static_cast<std::size_t>(item.begin_index)];
       if (a && std::holds_alternative<Acquired>(*a)) item.acquired = std::get<Acquired>(*a);
     }
-    Timestamp leases_from = clock.Now();
+    return answers;
+  }
 
-    // Partitions in order of first appearance; each one's messages in broker order.
+  // Runs the handlers, partition by partition, in broker order.
+  void SettleAll(Round& r, std::vector<Result<BeginAnswer>>& answers) {
+    Timestamp leases_from = clock.Now();
     std::vector<std::string_view> partitions;
     std::unordered_map<std::string_view, std::vector<std::size_t>> by_partition;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      auto [it, inserted] = by_partition.try_emplace(items[i].message->partition);
+    for (std::size_t i = 0; i < r.items.size(); ++i) {
+      auto [it, inserted] = by_partition.try_emplace(r.items[i].message->partition);
       if (inserted) partitions.push_back(it->first);
       it->second.push_back(i);
     }
-
-    bool store_failed = false;
-    bool broker_failed = false;
-    milliseconds handback_delay{0};
-    std::vector<Completion> completions;
     for (std::string_view partition : partitions) {
       bool stopped = false;
       for (std::size_t i : by_partition[partition]) {
-        Item& item = items[i];
+        Item& item = r.items[i];
+        if (item.fate == Fate::kReturned) {
+          stopped = true;
+          continue;
+        }
         if (stopped || stop.load()) {
           item.fate = Fate::kHandedBack;
           stopped = true;
           continue;
         }
-        if (!Settle(items, i, answers, completions, leases_from, store_failed, broker_failed,
-                    handback_delay)) {
+        if (!Settle(r, i, answers, leases_from)) {
           item.fate = Fate::kHandedBack;
           stopped = true;
         }
       }
     }
+  }
 
-    StoreCompletions(items, completions, store_failed);
-    return Finish(items, store_failed, broker_failed, handback_delay);
+  Result<std::size_t> RunOnce(bool pipelined) {
+    // With a batch still completing, poll briefly: nothing there means "finish it now".
+    const milliseconds wait = tail ? std::min(options.poll_wait, kTailPollWait) : options.poll_wait;
+    auto polled = PollRound(wait);
+    if (!polled || *polled == nullptr) {
+      Status tail_status = FinishTail(nullptr);
+      if (!polled) return polled.error();
+      if (!tail_status.ok()) return tail_status;
+      return std::size_t{0};
+    }
+    Round& r = **polled;
+    std::vector<BeginRequest> requests = Requests(r);
+    // A key the previous batch is still completing would answer Busy: let it land first.
+    if (tail && SharesKeys(*tail, r)) WaitTail();
+    std::vector<Result<BeginAnswer>> answers = BeginAll(r, requests);
+    Status tail_status = FinishTail(&r);  // its completions were stored meanwhile
+    SettleAll(r, answers);
+    if (pipelined) {
+      StartTail(std::move(*polled));
+      if (!tail_status.ok()) return tail_status;
+      return r.items.size();
+    }
+    StoreCompletions(r, rng);
+    Status s = Finish(r, nullptr);
+    if (!tail_status.ok()) return tail_status;
+    if (!s.ok()) return s;
+    return r.items.size();
   }
 
   // Decides one message. False: hand it (and the rest of its partition) back.
-  bool Settle(std::vector<Item>& items, std::size_t i, std::vector<Result<BeginAnswer>>& answers,
-              std::vector<Completion>& completions, Timestamp& leases_from, bool& store_failed,
-              bool& broker_failed, milliseconds& handback_delay) {
-    Item& item = items[i];
+  bool Settle(Round& r, std::size_t i, std::vector<Result<BeginAnswer>>& answers,
+              Timestamp& leases_from) {
+    Item& item = r.items[i];
     if (!item.poison_reason.empty()) {
       if (!DeadLetter(item, item.poison_reason, 0, item.poison_error)) {
-        broker_failed = true;
+        r.broker_failed = true;
         return false;
       }
       Count(&ConsumerCounts::poison, &ConsumerMetrics::poison);
@@ -448,7 +497,7 @@ struct Consumer::Impl {
       if (const auto* busy = std::get_if<Busy>(&*answer)) {
         auto decided = WaitWhileBusy(item, busy->lease_deadline);
         if (!decided) {
-          handback_delay = std::max(handback_delay, options.backoff);
+          r.handback_delay = std::max(r.handback_delay, options.backoff);
           return false;
         }
         answer = std::move(*decided);
@@ -456,7 +505,7 @@ struct Consumer::Impl {
     }
     if (!answer) {
       CountStoreError();
-      store_failed = true;
+      r.store_failed = true;
       return false;
     }
     return std::visit(
@@ -464,8 +513,8 @@ struct Consumer::Impl {
           using T = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<T, Acquired>) {
             item.acquired = a;
-            if (!Execute(items, i, completions, leases_from)) {
-              broker_failed = broker_failed || !stop.load();
+            if (!Execute(r.items, i, r.completions, leases_from)) {
+              r.broker_failed = r.broker_failed || !stop.load();
               return false;
             }
             item.fate = Fate::kSettled;
@@ -473,7 +522,7 @@ struct Consumer::Impl {
           } else if constexpr (std::is_same_v<T, Conflict>) {
             if (!DeadLetter(item, "conflict", 0,
                             "the key was used before for a message with another payload")) {
-              broker_failed = true;
+              r.broker_failed = true;
               return false;
             }
             item.fate = Fate::kSettled;
@@ -491,19 +540,19 @@ struct Consumer::Impl {
   }
 
   // One CompleteBatch for every key the handler (or the DLQ) finished, retried a few times
-  // for the ones the store could not answer; those are handed back, still IN_PROGRESS.
-  void StoreCompletions(std::vector<Item>& items, const std::vector<Completion>& completions,
-                        bool& store_failed) {
-    std::vector<std::size_t> pending(completions.size());
-    for (std::size_t c = 0; c < completions.size(); ++c) pending[c] = c;
+  // for the ones the store could not answer; those are handed back, still IN_PROGRESS. Runs on
+  // the completer thread when pipelined (hence its own random source).
+  void StoreCompletions(Round& r, std::mt19937_64& random) {
+    std::vector<std::size_t> pending(r.completions.size());
+    for (std::size_t c = 0; c < r.completions.size(); ++c) pending[c] = c;
     constexpr int kTries = 3;
-    for (int round = 0; round < kTries && !pending.empty(); ++round) {
-      if (round > 0) Sleep(Backoff(static_cast<std::uint32_t>(round)));
+    for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
+      if (attempt > 0) Sleep(Backoff(static_cast<std::uint32_t>(attempt), random));
       std::vector<CompleteRequest> reqs;
       reqs.reserve(pending.size());
       for (std::size_t c : pending) {
-        const Completion& done = completions[c];
-        const Item& item = items[done.item];
+        const Completion& done = r.completions[c];
+        const Item& item = r.items[done.item];
         reqs.push_back({.scope = options.scope,
                         .key = item.key,
                         .token = item.acquired->token,
@@ -517,22 +566,22 @@ struct Consumer::Impl {
       auto results = store.CompleteBatch(reqs);
       if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
       std::vector<std::size_t> again;
-      for (std::size_t r = 0; r < results.size(); ++r) {
-        const std::size_t c = pending[r];
-        Item& item = items[completions[c].item];
-        if (!results[r]) {
+      for (std::size_t k = 0; k < results.size(); ++k) {
+        const std::size_t c = pending[k];
+        Item& item = r.items[r.completions[c].item];
+        if (!results[k]) {
           again.push_back(c);
           continue;
         }
-        if (*results[r] == WriteAnswer::kLeaseLost) {
+        if (*results[k] == WriteAnswer::kLeaseLost) {
           // The effect happened; a newer worker owns the key's outcome now.
           if (metrics) metrics->lease_lost->Inc();
         } else if (metrics) {
-          (completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
-                                                       : metrics->complete_failure)
+          (r.completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
+                                                         : metrics->complete_failure)
               ->Inc();
         }
-        if (completions[c].outcome == Outcome::kSuccess) {
+        if (r.completions[c].outcome == Outcome::kSuccess) {
           Count(&ConsumerCounts::executed, &ConsumerMetrics::executed);
         }
         item.acquired.reset();
@@ -541,23 +590,24 @@ struct Consumer::Impl {
     }
     for (std::size_t c : pending) {
       CountStoreError();
-      items[completions[c].item].fate = Fate::kHandedBack;
-      store_failed = true;
+      r.items[r.completions[c].item].fate = Fate::kHandedBack;
+      r.store_failed = true;
     }
   }
 
   // Acknowledges, per partition, the settled messages before the first one that is not; hands
-  // back that one and the rest of its partition; releases keys acquired but never run.
-  Result<std::size_t> Finish(std::vector<Item>& items, bool store_failed, bool broker_failed,
-                             milliseconds handback_delay) {
+  // back that one and the rest of its partition -- together with every message of that
+  // partition in `next`, the batch polled meanwhile when pipelined, which is then not run --
+  // and releases keys acquired but never run.
+  Status Finish(Round& r, Round* next) {
     // An in-batch duplicate follows its first occurrence.
-    for (Item& item : items) {
+    for (Item& item : r.items) {
       if (item.first < 0) continue;
-      const Item& first = items[static_cast<std::size_t>(item.first)];
+      const Item& first = r.items[static_cast<std::size_t>(item.first)];
       if (first.fate == Fate::kSettled && !first.acquired) {
         item.fate = Fate::kSettled;
         Count(&ConsumerCounts::replayed, &ConsumerMetrics::replayed);
-      } else {
+      } else if (item.fate != Fate::kReturned) {
         item.fate = Fate::kHandedBack;
       }
     }
@@ -565,11 +615,13 @@ struct Consumer::Impl {
     std::unordered_map<std::string_view, std::vector<const BrokerMessage*>> back;
     std::vector<std::string_view> back_order;
     std::unordered_map<std::string_view, bool> cut;
-    for (Item& item : items) {
+    for (Item& item : r.items) {
       const std::string_view partition = item.message->partition;
       bool& partition_cut = cut[partition];
       if (!partition_cut && item.fate != Fate::kSettled) partition_cut = true;
-      if (partition_cut) {
+      if (item.fate == Fate::kReturned) {
+        // handed back already, with the previous batch's messages of its partition
+      } else if (partition_cut) {
         auto [it, inserted] = back.try_emplace(partition);
         if (inserted) back_order.push_back(partition);
         it->second.push_back(item.message);
@@ -578,53 +630,140 @@ struct Consumer::Impl {
       }
       // A key this batch acquired but did not run: free it so the redelivery runs at once.
       if (item.acquired && !item.executed) {
-        auto r = store.Release(options.scope, item.key, item.acquired->token);
-        if (r && *r == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
+        auto rel = store.Release(options.scope, item.key, item.acquired->token);
+        if (rel && *rel == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
         item.acquired.reset();
       }
     }
-    if (store_failed) handback_delay = std::max(handback_delay, options.backoff);
+    if (next != nullptr) {
+      for (Item& later : next->items) {
+        auto it = back.find(later.message->partition);
+        if (it == back.end()) continue;
+        it->second.push_back(later.message);
+        later.fate = Fate::kReturned;
+      }
+    }
+    milliseconds delay = r.handback_delay;
+    if (r.store_failed) delay = std::max(delay, options.backoff);
     std::size_t handed_back = 0;
     for (std::string_view partition : back_order) {
       const auto& msgs = back[partition];
       handed_back += msgs.size();
-      if (!broker.Redeliver(msgs, handback_delay).ok()) {
+      if (!broker.Redeliver(msgs, delay).ok()) {
         Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
-        broker_failed = true;
+        r.broker_failed = true;
       }
     }
     Count(&ConsumerCounts::redelivered, &ConsumerMetrics::redelivered, handed_back);
     if (!ack.empty() && !broker.Acknowledge(ack).ok()) {
       // Not lost: the broker delivers them again and the store answers Replay.
       Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
-      broker_failed = true;
+      r.broker_failed = true;
     }
-    if (store_failed) return UnavailableError("consumer " + options.name + ": the store failed");
-    if (broker_failed && !stop.load()) {
+    if (r.store_failed) return UnavailableError("consumer " + options.name + ": the store failed");
+    if (r.broker_failed && !stop.load()) {
       return UnavailableError("consumer " + options.name + ": the broker failed");
     }
-    return items.size();
+    return OkStatus();
+  }
+
+  // ---- pipelining: the previous batch completes while the next one is polled and begun ----
+
+  static constexpr milliseconds kTailPollWait{10};
+
+  std::unique_ptr<Round> tail;  // handlers done, completions being stored by the completer
+  std::thread completer;
+  std::mutex tail_mu;
+  std::condition_variable tail_cv;
+  bool tail_stored = true;  // the completer finished the tail's CompleteBatch
+  bool completer_quit = false;
+  std::mt19937_64 completer_rng{std::random_device{}()};
+
+  void StartTail(std::unique_ptr<Round> r) {
+    if (!completer.joinable()) completer = std::thread([this] { CompleterLoop(); });
+    std::lock_guard lock(tail_mu);
+    tail = std::move(r);
+    tail_stored = false;
+    tail_cv.notify_all();
+  }
+
+  void CompleterLoop() {
+    std::unique_lock lock(tail_mu);
+    for (;;) {
+      tail_cv.wait(lock, [&] { return completer_quit || !tail_stored; });
+      if (!tail_stored) {
+        Round* r = tail.get();
+        lock.unlock();
+        StoreCompletions(*r, completer_rng);
+        lock.lock();
+        tail_stored = true;
+        tail_cv.notify_all();
+        continue;
+      }
+      if (completer_quit) return;
+    }
+  }
+
+  void WaitTail() {
+    std::unique_lock lock(tail_mu);
+    tail_cv.wait(lock, [&] { return tail_stored; });
+  }
+
+  static bool SharesKeys(const Round& a, const Round& b) {
+    std::unordered_set<std::string_view> keys;
+    for (const Item& item : a.items) {
+      if (!item.key.empty()) keys.insert(item.key);
+    }
+    for (const Item& item : b.items) {
+      if (!item.key.empty() && keys.count(item.key) > 0) return true;
+    }
+    return false;
+  }
+
+  // Waits for the tail's completions, then acknowledges or hands back its messages.
+  Status FinishTail(Round* next) {
+    if (!tail) return OkStatus();
+    WaitTail();
+    Status s = Finish(*tail, next);
+    std::lock_guard lock(tail_mu);
+    tail.reset();
+    return s;
+  }
+
+  void StopCompleter() {
+    {
+      std::lock_guard lock(tail_mu);
+      completer_quit = true;
+      tail_cv.notify_all();
+    }
+    if (completer.joinable()) completer.join();
   }
 
   void Run() {
     std::uint32_t failures = 0;
     while (!stop.load()) {
-      auto r = RunOnce();
+      auto r = RunOnce(options.pipeline);
       if (r) {
         failures = 0;
         continue;
       }
-      Sleep(Backoff(++failures));
+      Sleep(Backoff(++failures, rng));
     }
+    (void)FinishTail(nullptr);
   }
 };
 
 Consumer::Consumer(Store& store, Broker& broker, MessageHandler handler, ConsumerOptions options)
     : impl_(std::make_unique<Impl>(store, broker, std::move(handler), std::move(options))) {}
 
-Consumer::~Consumer() = default;
+Consumer::~Consumer() {
+  (void)impl_->FinishTail(nullptr);
+  impl_->StopCompleter();
+}
 
-Result<std::size_t> Consumer::RunOnce() { return impl_->RunOnce(); }
+Result<std::size_t> Consumer::RunOnce() { return impl_->RunOnce(impl_->options.pipeline); }
+
+Status Consumer::Flush() { return impl_->FinishTail(nullptr); }
 
 void Consumer::Run() { impl_->Run(); }
 

@@ -36,7 +36,7 @@ std::string HeaderOf(const std::vector<std::pair<std::string, std::string>>& hea
   return "<missing>";
 }
 
-class ConsumerTest : public ::testing::Test {
+class ConsumerTest : public ::testing::TestWithParam<bool> {
  protected:
   ConsumerTest()
       : store_(NewMemoryStore({.clock = &clock_, .reclaim_interval = milliseconds(0)})) {}
@@ -51,7 +51,16 @@ class ConsumerTest : public ::testing::Test {
     o.backoff = milliseconds(100);
     o.clock = &clock_;
     o.registry = &registry_;
+    o.pipeline = GetParam();
     return o;
+  }
+
+  // One whole round: pipelined, the batch completes and is acknowledged in Flush().
+  static Result<std::size_t> Round(Consumer& consumer) {
+    auto n = consumer.RunOnce();
+    Status flushed = consumer.Flush();
+    if (n && !flushed.ok()) return flushed;
+    return n;
   }
 
   // A handler that records every run and succeeds.
@@ -66,6 +75,8 @@ class ConsumerTest : public ::testing::Test {
   // Polls until the broker has nothing left (at most `rounds` rounds).
   void Drain(Consumer& consumer, int rounds = 100) {
     for (int i = 0; i < rounds && broker_.Queued() > 0; ++i) (void)consumer.RunOnce();
+    (void)consumer.Flush();
+    for (int i = 0; i < rounds && broker_.Queued() > 0; ++i) (void)Round(consumer);
     ASSERT_EQ(broker_.Queued(), 0u);
   }
 
@@ -83,10 +94,10 @@ class ConsumerTest : public ::testing::Test {
   std::vector<Run> runs_;
 };
 
-TEST_F(ConsumerTest, RunsEachKeyOnceAndAcknowledgesEveryMessage) {
+TEST_P(ConsumerTest, RunsEachKeyOnceAndAcknowledgesEveryMessage) {
   for (int i = 0; i < 10; ++i) broker_.PublishKeyed("p0", "k" + std::to_string(i));
   Consumer consumer(*store_, broker_, Recording(), Options());
-  auto n = consumer.RunOnce();
+  auto n = Round(consumer);
   ASSERT_TRUE(n.has_value()) << n.error().ToString();
   EXPECT_EQ(*n, 10u);
   ASSERT_EQ(runs_.size(), 10u);
@@ -100,12 +111,12 @@ TEST_F(ConsumerTest, RunsEachKeyOnceAndAcknowledgesEveryMessage) {
   EXPECT_EQ(consumer.counts().executed, 10u);
 }
 
-TEST_F(ConsumerTest, RedeliveredDuplicatesAreAcknowledgedWithoutRunningTheHandler) {
+TEST_P(ConsumerTest, RedeliveredDuplicatesAreAcknowledgedWithoutRunningTheHandler) {
   for (int i = 0; i < 5; ++i) broker_.PublishKeyed("p0", "k" + std::to_string(i));
   Consumer consumer(*store_, broker_, Recording(), Options());
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   for (int i = 0; i < 5; ++i) broker_.PublishKeyed("p0", "k" + std::to_string(i));
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(runs_.size(), 5u);
   EXPECT_EQ(broker_.Acknowledged().size(), 10u);
   EXPECT_EQ(consumer.counts().replayed, 5u);
@@ -118,19 +129,19 @@ TEST_F(ConsumerTest, RedeliveredDuplicatesAreAcknowledgedWithoutRunningTheHandle
       << metrics;
 }
 
-TEST_F(ConsumerTest, DuplicatesInOneBatchAreBegunOnce) {
+TEST_P(ConsumerTest, DuplicatesInOneBatchAreBegunOnce) {
   broker_.PublishKeyed("p0", "a");
   broker_.PublishKeyed("p1", "a");
   broker_.PublishKeyed("p0", "a");
   broker_.PublishKeyed("p0", "b");
   Consumer consumer(*store_, broker_, Recording(), Options());
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   ASSERT_EQ(runs_.size(), 2u);
   EXPECT_EQ(broker_.Acknowledged().size(), 4u);
   EXPECT_EQ(consumer.counts().replayed, 2u);
 }
 
-TEST_F(ConsumerTest, KeepsEachPartitionsOrder) {
+TEST_P(ConsumerTest, KeepsEachPartitionsOrder) {
   for (int i = 0; i < 30; ++i) {
     broker_.PublishKeyed("p" + std::to_string(i % 3), "k" + std::to_string(i));
   }
@@ -147,7 +158,7 @@ TEST_F(ConsumerTest, KeepsEachPartitionsOrder) {
   }
 }
 
-TEST_F(ConsumerTest, HandlerThatFailsTwiceThenSucceedsRunsThreeTimes) {
+TEST_P(ConsumerTest, HandlerThatFailsTwiceThenSucceedsRunsThreeTimes) {
   broker_.PublishKeyed("p0", "flaky");
   std::vector<std::uint32_t> attempts;
   Consumer consumer(
@@ -159,7 +170,7 @@ TEST_F(ConsumerTest, HandlerThatFailsTwiceThenSucceedsRunsThreeTimes) {
       },
       Options());
   const Timestamp start = clock_.Now();
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(attempts, (std::vector<std::uint32_t>{1, 2, 3}));
   // Backoff 100 ms then 200 ms, each scaled into [0.5, 1] by the jitter.
   EXPECT_GE(clock_.Now() - start, milliseconds(150));
@@ -173,7 +184,7 @@ TEST_F(ConsumerTest, HandlerThatFailsTwiceThenSucceedsRunsThreeTimes) {
   EXPECT_EQ((*r)->outcome, Outcome::kSuccess);
 }
 
-TEST_F(ConsumerTest, HandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts) {
+TEST_P(ConsumerTest, HandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts) {
   broker_.Publish("p0", R"({"amount":1})", {{"Idempotency-Key", "bad"}, {"trace", "t-1"}});
   int runs = 0;
   Consumer consumer(
@@ -183,7 +194,7 @@ TEST_F(ConsumerTest, HandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts) {
         return {Verdict::kRetryable, "upstream 503"};
       },
       Options());
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(runs, 3);
   auto dlq = broker_.DeadLetters();
   ASSERT_EQ(dlq.size(), 1u);
@@ -202,13 +213,13 @@ TEST_F(ConsumerTest, HandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts) {
 
   // A redelivery of the dead-lettered message is a replay: no run, no second dead letter.
   broker_.Publish("p0", R"({"amount":1})", {{"Idempotency-Key", "bad"}});
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(broker_.DeadLetters().size(), 1u);
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
 }
 
-TEST_F(ConsumerTest, PermanentFailureAndThrowingHandlers) {
+TEST_P(ConsumerTest, PermanentFailureAndThrowingHandlers) {
   broker_.PublishKeyed("p0", "perm");
   broker_.PublishKeyed("p0", "throws");
   std::map<std::string, int> runs;
@@ -220,7 +231,7 @@ TEST_F(ConsumerTest, PermanentFailureAndThrowingHandlers) {
         return {Verdict::kPermanent, "422 invalid amount"};
       },
       Options());
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(runs["perm"], 1);
   EXPECT_EQ(runs["throws"], 3);  // a throw is retryable
   auto dlq = broker_.DeadLetters();
@@ -231,13 +242,13 @@ TEST_F(ConsumerTest, PermanentFailureAndThrowingHandlers) {
   EXPECT_EQ(HeaderOf(dlq[1].headers, "idem-dlq-error"), "handler threw: boom");
 }
 
-TEST_F(ConsumerTest, PoisonMessagesGoStraightToTheDeadLetterChannel) {
+TEST_P(ConsumerTest, PoisonMessagesGoStraightToTheDeadLetterChannel) {
   broker_.Publish("p0", "{}", {});                                            // no key header
   broker_.Publish("p0", "{}", {{"Idempotency-Key", ""}});                     // empty key
   broker_.Publish("p0", "{}", {{"Idempotency-Key", std::string(300, 'x')}});  // too long
   broker_.PublishKeyed("p0", "fine");
   Consumer consumer(*store_, broker_, Recording(), Options());
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   ASSERT_EQ(runs_.size(), 1u);
   auto dlq = broker_.DeadLetters();
   ASSERT_EQ(dlq.size(), 3u);
@@ -249,7 +260,7 @@ TEST_F(ConsumerTest, PoisonMessagesGoStraightToTheDeadLetterChannel) {
   EXPECT_EQ(consumer.counts().poison, 3u);
 }
 
-TEST_F(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
+TEST_P(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
   broker_.Publish("p0", R"({"id":"order-7","amount":3})");
   broker_.Publish("p0", R"({"id":"order-7","amount":3})");
   broker_.Publish("p0", R"({"id":"order-7","amount":4})");  // same key, other payload
@@ -258,7 +269,7 @@ TEST_F(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
   options.key_source = KeySource::JsonPointer("/id");
   options.fingerprint = FingerprintMode::kJson;
   Consumer consumer(*store_, broker_, Recording(), options);
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   ASSERT_EQ(runs_.size(), 1u);
   EXPECT_EQ(runs_[0].key, "order-7");
   auto dlq = broker_.DeadLetters();
@@ -267,20 +278,20 @@ TEST_F(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
   // The in-batch duplicate with another payload was settled with the first (same key); a later
   // delivery of it meets the stored fingerprint and is a conflict.
   broker_.Publish("p0", R"({"id":"order-7","amount":4})");
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   dlq = broker_.DeadLetters();
   ASSERT_EQ(dlq.size(), 2u);
   EXPECT_EQ(dlq[1].reason, "conflict");
   EXPECT_EQ(broker_.Acknowledged().size(), 5u);
 }
 
-TEST_F(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
+TEST_P(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
   FaultyStore faulty(*store_);
   for (int i = 0; i < 4; ++i)
     broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
   Consumer consumer(faulty, broker_, Recording(), Options());
   faulty.Fail(FaultyStore::kBegin);
-  auto r = consumer.RunOnce();
+  auto r = Round(consumer);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code(), StatusCode::kUnavailable);
   EXPECT_TRUE(runs_.empty());
@@ -293,13 +304,13 @@ TEST_F(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
   EXPECT_EQ(broker_.Acknowledged().size(), 4u);
 }
 
-TEST_F(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
+TEST_P(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
   FaultyStore faulty(*store_);
   broker_.PublishKeyed("p0", "a");
   broker_.PublishKeyed("p0", "b");
   Consumer consumer(faulty, broker_, Recording(), Options());
   faulty.Fail(FaultyStore::kComplete);
-  ASSERT_FALSE(consumer.RunOnce().has_value());
+  ASSERT_FALSE(Round(consumer).has_value());
   EXPECT_EQ(runs_.size(), 2u);
   EXPECT_TRUE(broker_.Acknowledged().empty());
   EXPECT_EQ(broker_.Queued(), 2u);
@@ -315,7 +326,7 @@ TEST_F(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
 }
 
-TEST_F(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {
+TEST_P(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {
   // A dead worker acquired "k" with a 10 s lease.
   auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(10'000)});
   ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
@@ -323,7 +334,7 @@ TEST_F(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {
   broker_.PublishKeyed("p0", "after");
   Consumer consumer(*store_, broker_, Recording(), Options());
   const Timestamp start = clock_.Now();
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   ASSERT_EQ(runs_.size(), 2u);
   EXPECT_EQ(runs_[0].key, "k");
   EXPECT_EQ(runs_[0].attempt, 2u);  // a takeover
@@ -332,7 +343,7 @@ TEST_F(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
 }
 
-TEST_F(ConsumerTest, BusyPastTheBoundHandsBackTheRestOfThePartitionOnly) {
+TEST_P(ConsumerTest, BusyPastTheBoundHandsBackTheRestOfThePartitionOnly) {
   auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(60'000)});
   ASSERT_TRUE(held.has_value());
   broker_.PublishKeyed("p0", "k");
@@ -341,7 +352,7 @@ TEST_F(ConsumerTest, BusyPastTheBoundHandsBackTheRestOfThePartitionOnly) {
   auto options = Options();
   options.busy_timeout = milliseconds(2'000);
   Consumer consumer(*store_, broker_, Recording(), options);
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   ASSERT_EQ(runs_.size(), 1u);
   EXPECT_EQ(runs_[0].key, "other");
   EXPECT_EQ(broker_.Acknowledged().size(), 1u);
@@ -357,7 +368,7 @@ TEST_F(ConsumerTest, BusyPastTheBoundHandsBackTheRestOfThePartitionOnly) {
   EXPECT_FALSE(rec->has_value());
 }
 
-TEST_F(ConsumerTest, DeadLetterPublishFailureHandsBackAndReleases) {
+TEST_P(ConsumerTest, DeadLetterPublishFailureHandsBackAndReleases) {
   broker_.PublishKeyed("p0", "perm");
   broker_.PublishKeyed("p0", "next");
   broker_.FailDeadLetter(true);
@@ -370,7 +381,7 @@ TEST_F(ConsumerTest, DeadLetterPublishFailureHandsBackAndReleases) {
         return {Verdict::kSuccess, ""};
       },
       Options());
-  auto r = consumer.RunOnce();
+  auto r = Round(consumer);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(runs, 1);  // "next" waits behind "perm": order
   EXPECT_TRUE(broker_.Acknowledged().empty());
@@ -385,15 +396,15 @@ TEST_F(ConsumerTest, DeadLetterPublishFailureHandsBackAndReleases) {
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
 }
 
-TEST_F(ConsumerTest, PollFailureIsReported) {
+TEST_P(ConsumerTest, PollFailureIsReported) {
   broker_.FailPoll(true);
   Consumer consumer(*store_, broker_, Recording(), Options());
-  auto r = consumer.RunOnce();
+  auto r = Round(consumer);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(consumer.counts().broker_errors, 1u);
 }
 
-TEST_F(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
+TEST_P(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
   broker_.PublishKeyed("p0", "slow");
   broker_.PublishKeyed("p0", "waiting");
   auto options = Options();
@@ -411,7 +422,7 @@ TEST_F(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
       },
       options);
   // 5 retries x 400 ms = 2 s, twice the lease: without extensions "waiting" would be lost.
-  ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
   auto text = registry_.RenderPrometheus();
   EXPECT_NE(text.find("idem_lease_lost_total{scope=\"payments\"} 0"), std::string::npos) << text;
@@ -420,7 +431,7 @@ TEST_F(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
   EXPECT_EQ((*rec)->state, RecordState::kCompleted);
 }
 
-TEST_F(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
+TEST_P(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
   broker_.PublishKeyed("p0", "first");
   broker_.PublishKeyed("p0", "second");
   Consumer* self = nullptr;
@@ -438,6 +449,58 @@ TEST_F(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
   auto rec = store_->Get("payments", "second");
   ASSERT_TRUE(rec.has_value());
   EXPECT_FALSE(rec->has_value());
+}
+
+TEST_P(ConsumerTest, AdjacentBatchesSharingKeysRunEachKeyOnceInOrder) {
+  // Copies of a key a few messages later land in the next batch, which (pipelined) is polled
+  // while the first copy's completion is still being stored.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) {
+    const int k = (i % 3 == 2) ? i - 2 : i;  // every third message repeats an earlier key
+    broker_.PublishKeyed("p" + std::to_string(k % 2), "k" + std::to_string(100 + k));
+  }
+  auto options = Options();
+  options.batch_size = 5;
+  Consumer consumer(*store_, broker_, Recording(), options);
+  Drain(consumer);
+  std::map<std::string, int> per_key;
+  std::map<std::string, std::vector<int>> order;
+  for (const Run& r : runs_) {
+    ++per_key[r.key];
+    order[r.partition].push_back(std::stoi(r.key.substr(1)));
+  }
+  for (const auto& [key, n] : per_key) EXPECT_EQ(n, 1) << key;
+  for (const auto& [p, ks] : order) EXPECT_TRUE(std::is_sorted(ks.begin(), ks.end())) << p;
+  EXPECT_EQ(broker_.Acknowledged().size(), 40u);
+  EXPECT_EQ(consumer.counts().replayed, 40u - per_key.size());
+}
+
+TEST_P(ConsumerTest, ACompletionThatFailsKeepsItsPartitionInOrder) {
+  FaultyStore faulty(*store_);
+  for (const char* k : {"a", "b", "c", "d"}) broker_.PublishKeyed("p0", k);
+  for (const char* k : {"x", "y"}) broker_.PublishKeyed("p1", k);
+  auto options = Options();
+  options.batch_size = 2;  // batches: [a x] [b y] [c d]
+  Consumer consumer(faulty, broker_, Recording(), options);
+  faulty.Fail(FaultyStore::kComplete);
+  (void)consumer.RunOnce();  // runs a and x; their completions fail
+  if (GetParam()) {
+    // Pipelined: [b y] is polled and begun while [a x] fails to complete; b and y must not
+    // run before a and x run again, so they go back with them.
+    (void)consumer.RunOnce();
+  }
+  faulty.Heal();
+  Drain(consumer);
+  std::map<std::string, std::vector<std::string>> order;
+  for (const Run& r : runs_) order[r.partition].push_back(r.key);
+  EXPECT_EQ(order["p0"], (std::vector<std::string>{"a", "a", "b", "c", "d"}));
+  EXPECT_EQ(order["p1"], (std::vector<std::string>{"x", "x", "y"}));
+  EXPECT_EQ(broker_.Acknowledged().size(), 6u);
+  for (const char* k : {"a", "b", "c", "d", "x", "y"}) {
+    auto rec = store_->Get("payments", k);
+    ASSERT_TRUE(rec.has_value() && rec->has_value()) << k;
+    EXPECT_EQ((*rec)->state, RecordState::kCompleted) << k;
+  }
 }
 
 // Many consumers over one store, each message delivered to two of them (a redelivery racing
@@ -470,10 +533,12 @@ TEST(ConsumerRaceTest, ConcurrentConsumersRunEachKeyOnce) {
       o.batch_size = 50;
       o.lease = milliseconds(30'000);
       o.backoff = milliseconds(1);
+      o.pipeline = c % 2 == 0;
       Consumer consumer(*store, *brokers[c], handler, o);
       for (int round = 0; round < 10'000 && brokers[c]->Queued() > 0; ++round) {
         (void)consumer.RunOnce();
       }
+      (void)consumer.Flush();
       acknowledged += brokers[c]->Acknowledged().size();
     });
   }
@@ -482,6 +547,9 @@ TEST(ConsumerRaceTest, ConcurrentConsumersRunEachKeyOnce) {
   ASSERT_EQ(runs.size(), static_cast<std::size_t>(kKeys));
   for (const auto& [key, n] : runs) ASSERT_EQ(n, 1) << key;
 }
+
+INSTANTIATE_TEST_SUITE_P(Pipeline, ConsumerTest, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "pipelined" : "sequential"; });
 
 }  // namespace
 }  // namespace idem

@@ -56,6 +56,11 @@ class Journal {
   virtual Status Wait(std::uint64_t ticket) = 0;
   // Non-ok once the journal failed; the store then refuses every call.
   virtual Status health() = 0;
+  // A batch: the changes this thread records until EndGroup() go to durability together
+  // (the log store does not start a sync for the first of them alone). Every BeginGroup() is
+  // followed by an EndGroup() before the thread Waits.
+  virtual void BeginGroup() {}
+  virtual void EndGroup() {}
 };
 
 }  // namespace idem::core

@@ -1,7 +1,10 @@
-// idemd: the Idempotency-Key gateway in front of one upstream HTTP API (SPEC §6).
+// idemd: the Idempotency-Key gateway in front of one upstream HTTP API (SPEC §6), or, as
+// `idemd consume`, a deduplicating consumer of Kafka, NATS JetStream or Redis Streams
+// (src/consume/runner.h).
 //
 //   idemd --config idemd.toml
 //   idemd --upstream http://127.0.0.1:9000 --store log:/var/lib/idemd --listen 0.0.0.0:8080
+//   idemd consume --config consume.toml
 //
 // When both listeners are bound it prints one line to stdout,
 //   idemd listening on HOST:PORT admin HOST:PORT
@@ -12,8 +15,10 @@
 
 #include <cstdio>
 #include <iostream>
+#include <string_view>
 
 #include "cli/store_url.h"
+#include "consume/runner.h"
 #include "core/url_text.h"
 #include "gateway/config.h"
 #include "gateway/server.h"
@@ -75,4 +80,9 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "consume") {
+    return idem::consume::RunConsume(argc - 1, argv + 1);
+  }
+  return Run(argc, argv);
+}

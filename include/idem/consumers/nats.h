@@ -4,19 +4,20 @@
 //   auto broker = idem::nats::OpenNatsConsumer({.url = "nats://127.0.0.1:4222",
 //                                               .stream = "ORDERS", .subjects = {"orders.>"},
 //                                               .durable = "idem-orders",
-//                                               .dlq_subject = "orders.dlq",
+//                                               .dlq_subject = "dlq.orders",
 //                                               .dlq_stream = "ORDERS_DLQ"});
 //   idem::Consumer consumer(*store, **broker, handler, {.scope = "orders"});
 //
 // Mapping onto idem::Broker:
-//   Poll         one fetch (natsSubscription_Fetch) of up to `max` messages. partition = the
-//                message's subject, position = its stream sequence (decimal), deliveries = the
-//                consumer's delivery count, headers copied (libnats keeps no order between
-//                header names; the values of one name keep theirs). Nothing within `wait` ->
-//                an empty batch. Not connected -> kUnavailable; libnats reconnects by itself and
-//                the same Broker polls again once it has (the durable lives on the server).
-//                A durable deleted behind the Broker's back is created again (deliver-all: the
-//                stream is read from its start, and the store answers Replay for what was done).
+//   Poll         one fetch (natsSubscription_Fetch) of up to `max` messages (at most
+//                max_ack_pending). partition = the message's subject, position = its stream
+//                sequence (decimal), deliveries = the consumer's delivery count, headers copied
+//                (libnats keeps no order between header names; the values of one name keep
+//                theirs). Nothing within `wait` -> an empty batch. Not connected -> kUnavailable;
+//                libnats reconnects by itself and the same Broker polls again once it has (the
+//                durable lives on the server). A durable deleted behind the Broker's back is
+//                created again (deliver-all: the stream is read from its start, and the store
+//                answers Replay for what was done).
 //   Acknowledge  +ACK each message, then a flush (a round trip to the server), so the acks
 //                have reached the server when it returns ok; kUnavailable otherwise.
 //   Redeliver    -NAK with the delay, message by message in the order given. JetStream keeps
@@ -110,7 +111,7 @@ class Publisher {
   // Publishes and waits for the PubAck; the stored sequence.
   Result<std::uint64_t> Publish(std::string_view subject, std::string_view payload,
                                 const Headers& headers = {});
-  // Publishes without waiting (at most a few thousand PubAcks outstanding)...
+  // Publishes without waiting; with 4000 PubAcks outstanding it waits (up to 10 s) for some...
   Status PublishAsync(std::string_view subject, std::string_view payload,
                       const Headers& headers = {});
   // ...then waits until every PubAck of those came: kUnavailable when one failed or `timeout`

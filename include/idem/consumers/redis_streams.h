@@ -21,13 +21,21 @@
 //
 // Redeliver keeps the entries pending in Redis (so a crash loses none: the restarted consumer
 // reads them back from its pending list) and holds them in memory until their delay is over.
-// Touch resets their idle time (XCLAIM ... JUSTID) so that no other consumer claims them; held
-// entries are touched the same way every `claim_interval`.
+// Touch resets the idle time of the messages (XCLAIM ... JUSTID) so that no other consumer
+// claims them; entries the broker holds (handed back, or read ahead) are touched with them, and
+// by Poll every `claim_interval`.
+//
+// Pipelining: a Poll that returns a full batch already asks for the next two (read-ahead), and
+// Acknowledge sends its XACKs without waiting for their answers, which a later call reads. So
+// Redis reads the next batches and acknowledges the last one while the consumer works. Entries
+// read ahead are pending on this consumer like delivered ones (up to two batches more).
 //
 // Failures: a connection that breaks, a server that does not answer within `timeout`, or an
 // error reply gives kUnavailable; the next call reconnects (and creates the group again when
-// `create_group`). A reply that was lost may have taken effect: an XACK that seemed to fail
-// may have happened, a dead letter may be published twice (the DLQ key header says so).
+// `create_group`) and reads this consumer's pending list again. An XACK that fails after
+// Acknowledge returned fails the next call instead, and its entries are delivered again (the
+// store answers Replay). A reply that was lost may have taken effect: an XACK that seemed to
+// fail may have happened, a dead letter may be published twice (the DLQ key header says so).
 //
 // One consumer thread uses the broker (Poll, Acknowledge, Redeliver, DeadLetter, Touch);
 // Health may be called from any thread at the same time (it has its own connection).
@@ -79,8 +87,8 @@ Result<std::unique_ptr<Broker>> OpenRedisStreamsConsumer(const RedisStreamsConfi
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
 struct StreamEntry {
-  std::string payload;
-  Fields headers;  // further fields, after payload_field
+  std::string payload{};
+  Fields headers{};  // further fields, after payload_field
 };
 
 // XADD stream * payload_field payload headers...; the new entry's id.

@@ -40,6 +40,29 @@ std::string Clean(std::string_view s) {
 
 }  // namespace
 
+std::string HideSecrets(std::string_view url) {
+  std::string out;
+  bool first = true;
+  for (std::string_view part : SplitUrls(url)) {
+    if (!first) out += ",";
+    first = false;
+    const auto scheme = part.find("://");
+    const std::size_t start = scheme == std::string_view::npos ? 0 : scheme + 3;
+    const auto at = part.find('@', start);
+    if (at == std::string_view::npos) {
+      out += part;
+      continue;
+    }
+    const std::string_view userinfo = part.substr(start, at - start);
+    const auto colon = userinfo.find(':');
+    out += part.substr(0, start);
+    out +=
+        colon == std::string_view::npos ? "***" : std::string(userinfo.substr(0, colon)) + ":***";
+    out += part.substr(at);
+  }
+  return out;
+}
+
 std::string ErrorText(std::string_view what, natsStatus s) {
   std::string text(what);
   text += ": ";
@@ -68,7 +91,9 @@ Result<Connection> Connect(const ConnectOptions& options) {
   const auto attempt_timeout = std::min<std::int64_t>(options.connect_timeout.count(), 2000);
   natsStatus s =
       natsOptions_SetServers(opts.get(), servers.data(), static_cast<int>(servers.size()));
-  if (s != NATS_OK) return InvalidArgumentError(ErrorText("nats: url '" + options.url + "'", s));
+  if (s != NATS_OK) {
+    return InvalidArgumentError(ErrorText("nats: url '" + HideSecrets(options.url) + "'", s));
+  }
   s = natsOptions_SetName(opts.get(), options.name.c_str());
   // Reconnect forever: a broker restart must not need a new Open.
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts.get(), -1);
@@ -86,10 +111,11 @@ Result<Connection> Connect(const ConnectOptions& options) {
     s = natsConnection_Connect(&conn, opts.get());
     if (s == NATS_OK) break;
     if (s != NATS_NO_SERVER && s != NATS_TIMEOUT && s != NATS_IO_ERROR) {
-      return UnavailableError(ErrorText("nats: connect to " + options.url, s));
+      return UnavailableError(ErrorText("nats: connect to " + HideSecrets(options.url), s));
     }
     if (Clock::now() >= deadline) {
-      return UnavailableError(ErrorText("nats: no server answered at " + options.url, s));
+      return UnavailableError(
+          ErrorText("nats: no server answered at " + HideSecrets(options.url), s));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -99,7 +125,12 @@ Result<Connection> Connect(const ConnectOptions& options) {
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = options.request_timeout.count();
-  if (options.max_pending_publishes > 0) jo.PublishAsync.MaxPending = options.max_pending_publishes;
+  if (options.max_pending_publishes > 0) {
+    jo.PublishAsync.MaxPending = options.max_pending_publishes;
+    // A publisher that got that far ahead waits this long for PubAcks before it fails (the
+    // default, 200 ms, fails a bulk publish on a busy machine).
+    jo.PublishAsync.StallWait = 10'000;
+  }
   jo.PublishAsync.ErrHandler = options.publish_error_handler;
   jo.PublishAsync.ErrHandlerClosure = options.publish_error_closure;
   jsCtx* js = nullptr;

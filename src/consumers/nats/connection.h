@@ -31,6 +31,10 @@ using ConnectionPtr = std::unique_ptr<natsConnection, ConnectionCloser>;
 using JetStreamPtr = std::unique_ptr<jsCtx, JetStreamCloser>;
 using MsgPtr = std::unique_ptr<natsMsg, MsgCloser>;
 
+// `url` (one or more, comma separated) with passwords and tokens replaced by "***", for
+// messages: nats://user:***@host:4222, nats://***@host:4222.
+std::string HideSecrets(std::string_view url);
+
 // "what: STATUS_TEXT (libnats' last error of this thread)".
 std::string ErrorText(std::string_view what, natsStatus s);
 

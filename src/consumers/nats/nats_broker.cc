@@ -1,7 +1,7 @@
 // The JetStream Broker: one durable pull consumer, explicit acks. See idem/consumers/nats.h.
 #include <algorithm>
-#include <climits>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <unordered_map>
 
@@ -134,7 +134,9 @@ bool IsUnreachable(natsStatus s) {
 class NatsBroker final : public Broker {
  public:
   NatsBroker(NatsConsumerConfig config, Connection connection)
-      : config_(std::move(config)), connection_(std::move(connection)) {}
+      : config_(std::move(config)),
+        shown_url_(HideSecrets(config_.url)),
+        connection_(std::move(connection)) {}
 
   ~NatsBroker() override {
     // Messages reference the subscription; drop them first.
@@ -168,15 +170,18 @@ class NatsBroker final : public Broker {
     if (max == 0) return out;
     // While libnats reconnects, a pull request would only wait in its reconnect buffer and
     // reach the server later as a stale request: say so at once instead.
-    if (!Connected()) return UnavailableError("nats: not connected to " + config_.url);
+    if (!Connected()) return UnavailableError("nats: not connected to " + shown_url_);
     Sweep();
-    const int batch = static_cast<int>(std::min<std::size_t>(max, INT_MAX / 2));
+    // Never ask for more than max_ack_pending: the server cannot send more, and a fetch that
+    // waits for the rest waits out all of `wait` (measured: 1/10 of the rate).
+    const int batch = static_cast<int>(
+        std::min<std::size_t>(max, static_cast<std::size_t>(config_.max_ack_pending)));
     natsMsgList list{};
     jsErrCode jerr = static_cast<jsErrCode>(0);
     const natsStatus s = natsSubscription_Fetch(&list, sub_.get(), batch,
                                                 std::max<std::int64_t>(wait.count(), 1), &jerr);
     if (s == NATS_TIMEOUT || s == NATS_NOT_FOUND) {
-      if (!Connected()) return UnavailableError("nats: not connected to " + config_.url);
+      if (!Connected()) return UnavailableError("nats: not connected to " + shown_url_);
       return CheckConsumer(SteadyClock::now());
     }
     if (s != NATS_OK) {
@@ -216,8 +221,8 @@ class NatsBroker final : public Broker {
       m.partition = natsMsg_GetSubject(msg);
       m.payload.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
       m.headers = ReadHeaders(msg);
-      m.deliveries = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(std::max<std::uint64_t>(delivered, 1), UINT32_MAX));
+      m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+          std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
       m.handle = next_handle_++;
       pending_.emplace(m.handle, Pending{std::move(owned), now});
       out.push_back(std::move(m));
@@ -251,7 +256,7 @@ class NatsBroker final : public Broker {
 
   Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override {
     if (!Connected()) {
-      return UnavailableError("nats: not connected to " + config_.url + "; no dead letter sent");
+      return UnavailableError("nats: not connected to " + shown_url_ + "; no dead letter sent");
     }
     natsMsg* raw = nullptr;
     natsStatus s = natsMsg_Create(&raw, config_.dlq_subject.c_str(), nullptr,
@@ -261,7 +266,7 @@ class NatsBroker final : public Broker {
     Headers headers = DeadLetterHeaders(message, info);
     bool has_id = false;
     std::erase_if(headers, [&](const auto& h) {
-      if (EqualsIgnoreCase(h.first, "Nats-Msg-Id")) has_id = true;
+      if (EqualsIgnoreCase(h.first, "Nats-Msg-Id") && !h.second.empty()) has_id = true;
       // Publish preconditions of the source stream; the DLQ stream would refuse them.
       return StartsWithIgnoreCase(h.first, "Nats-Expected-");
     });
@@ -285,7 +290,7 @@ class NatsBroker final : public Broker {
 
   Status Health() override {
     if (Connected()) return OkStatus();
-    return UnavailableError("nats: not connected to " + config_.url);
+    return UnavailableError("nats: not connected to " + shown_url_);
   }
 
  private:
@@ -422,7 +427,7 @@ class NatsBroker final : public Broker {
     // Not connected: what was sent waits in libnats' reconnect buffer and goes out once it
     // reconnects; a flush would only block for request_timeout.
     if (!Connected()) {
-      return UnavailableError(std::string("nats: not connected to ") + config_.url + "; the " +
+      return UnavailableError(std::string("nats: not connected to ") + shown_url_ + "; the " +
                               what + " goes out once it reconnects");
     }
     const natsStatus s =
@@ -443,6 +448,7 @@ class NatsBroker final : public Broker {
   }
 
   NatsConsumerConfig config_;
+  std::string shown_url_;  // config_.url without secrets, for messages
   Connection connection_;
   std::string filter_;  // the consumer's filter subject; empty: the whole stream
   SubscriptionPtr sub_;

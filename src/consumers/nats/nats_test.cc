@@ -189,6 +189,22 @@ TEST(NatsAckReplyTest, ReadsSequenceAndDeliveriesFromBothForms) {
   EXPECT_FALSE(ParseAckReply("$JS.ACK.ORDERS.worker.3.-5.77.1.12").has_value());
 }
 
+TEST(NatsConfigTest, MessagesHideUrlSecrets) {
+  EXPECT_EQ(HideSecrets("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+  EXPECT_EQ(HideSecrets("nats://alice:s3cret@h:4222"), "nats://alice:***@h:4222");
+  EXPECT_EQ(HideSecrets("nats://t0ken@h:4222, nats://bob:pw@g:1"),
+            "nats://***@h:4222,nats://bob:***@g:1");
+  auto port = testing::FreePort();
+  ASSERT_TRUE(port.has_value());
+  Names n;
+  auto c = n.Config("nats://alice:s3cret@127.0.0.1:" + std::to_string(*port));
+  c.connect_timeout = 200ms;
+  auto b = OpenNatsConsumer(c);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_THAT(b.error().message(), HasSubstr("alice:***@"));
+  EXPECT_THAT(b.error().message(), ::testing::Not(HasSubstr("s3cret")));
+}
+
 TEST(NatsConfigTest, NoServerIsUnavailable) {
   auto port = testing::FreePort();
   ASSERT_TRUE(port.has_value());
@@ -571,6 +587,12 @@ TEST_F(NatsRestartTest, BrokerIsUnavailableWhileTheServerIsDownAndRecoversByItse
   }
   EXPECT_TRUE(saw_unavailable);
   EXPECT_FALSE(b->Health().ok());
+  // Settling and dead-lettering fail at once rather than wait for request_timeout.
+  const auto down = SteadyClock::now();
+  EXPECT_EQ(b->Acknowledge(Ptrs(first)).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(b->DeadLetter(first[0], {.reason = "permanent", .attempts = 1}).code(),
+            StatusCode::kUnavailable);
+  EXPECT_LT(SteadyClock::now() - down, 1s);
 
   ASSERT_TRUE(server_->Restart().ok());
   {

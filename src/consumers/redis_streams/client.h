@@ -41,6 +41,11 @@ class Args {
     sizes_.push_back(word.size());
     return *this;
   }
+  Args& Reserve(std::size_t words) {
+    words_.reserve(words);
+    sizes_.reserve(words);
+    return *this;
+  }
   std::size_t size() const { return words_.size(); }
 
  private:
@@ -65,6 +70,10 @@ class Client {
   Status Flush();
   // Sends what is queued, then the next reply in order.
   Result<Reply> Read();
+  // Sends what is queued, then reads the next reply through `functions` (hiredis's object
+  // callbacks; `privdata` reaches them as the root task's privdata), which keep what they read
+  // themselves: nothing is returned and nothing is freed here.
+  Status ReadWith(redisReplyObjectFunctions* functions, void* privdata);
   // Append + Read.
   Result<Reply> Call(const Args& args) {
     Append(args);
@@ -84,6 +93,7 @@ class Client {
   std::string where_;
   std::chrono::milliseconds timeout_{0};
   bool broken_ = false;
+  std::string scratch_;  // Append's formatting buffer
 };
 
 using redis::Describe;  // "error \"ERR ...\"", "integer 5", ... for messages

@@ -22,46 +22,167 @@ std::optional<EntryId> ParseEntryId(std::string_view text) {
   return id;
 }
 
-Status ParseEntries(const redisReply& list, std::string_view stream, std::string_view payload_field,
-                    std::vector<ParsedEntry>& out) {
-  auto bad = [&](const redisReply& r) {
-    return InternalError("stream " + std::string(stream) + ": an entry came as " + Describe(r));
-  };
-  if (list.type != REDIS_REPLY_ARRAY) return bad(list);
-  out.reserve(out.size() + list.elements);
-  for (std::size_t i = 0; i < list.elements; ++i) {
-    const redisReply& e = *list.element[i];
-    if (e.type != REDIS_REPLY_ARRAY || e.elements != 2 ||
-        e.element[0]->type != REDIS_REPLY_STRING) {
-      return bad(e);
-    }
-    const std::string_view position = Text(*e.element[0]);
-    const auto id = ParseEntryId(position);
-    if (!id) return bad(e);
-    ParsedEntry& p = out.emplace_back();
-    p.id = *id;
-    p.message.partition = stream;
-    p.message.position = position;
-    const redisReply& fields = *e.element[1];
-    if (fields.type == REDIS_REPLY_NIL) {
-      p.deleted = true;
-      continue;
-    }
-    if (fields.type != REDIS_REPLY_ARRAY || fields.elements % 2 != 0) return bad(e);
-    bool have_payload = false;
-    if (fields.elements > 2) p.message.headers.reserve(fields.elements / 2 - 1);
-    for (std::size_t f = 0; f + 1 < fields.elements; f += 2) {
-      const std::string_view name = Text(*fields.element[f]);
-      const std::string_view value = Text(*fields.element[f + 1]);
-      if (!have_payload && name == payload_field) {
-        p.message.payload = value;
-        have_payload = true;
-      } else {
-        p.message.headers.emplace_back(name, value);
-      }
+namespace {
+
+Status Bad(std::string_view stream, const redisReply& r) {
+  return InternalError("stream " + std::string(stream) + ": an entry came as " + Describe(r));
+}
+
+// One [id, fields] into `m` (partition, position, payload, headers); `deleted` when the fields
+// are nil (an entry deleted while pending).
+Status ParseOne(const redisReply& e, std::string_view stream, std::string_view payload_field,
+                BrokerMessage& m, EntryId& id, bool& deleted) {
+  if (e.type != REDIS_REPLY_ARRAY || e.elements != 2 || e.element[0]->type != REDIS_REPLY_STRING) {
+    return Bad(stream, e);
+  }
+  const std::string_view position = Text(*e.element[0]);
+  const auto parsed = ParseEntryId(position);
+  if (!parsed) return Bad(stream, e);
+  id = *parsed;
+  m.partition = stream;
+  m.position = position;
+  const redisReply& fields = *e.element[1];
+  deleted = fields.type == REDIS_REPLY_NIL;
+  if (deleted) return OkStatus();
+  if (fields.type != REDIS_REPLY_ARRAY || fields.elements % 2 != 0) return Bad(stream, e);
+  bool have_payload = false;
+  if (fields.elements > 2) m.headers.reserve(fields.elements / 2 - 1);
+  for (std::size_t f = 0; f + 1 < fields.elements; f += 2) {
+    const std::string_view name = Text(*fields.element[f]);
+    const std::string_view value = Text(*fields.element[f + 1]);
+    if (!have_payload && name == payload_field) {
+      m.payload = value;
+      have_payload = true;
+    } else {
+      m.headers.emplace_back(name, value);
     }
   }
   return OkStatus();
+}
+
+}  // namespace
+
+Status ParseEntries(const redisReply& list, std::string_view stream, std::string_view payload_field,
+                    std::vector<ParsedEntry>& out) {
+  if (list.type != REDIS_REPLY_ARRAY) return Bad(stream, list);
+  out.reserve(out.size() + list.elements);
+  for (std::size_t i = 0; i < list.elements; ++i) {
+    ParsedEntry& p = out.emplace_back();
+    IDEM_RETURN_IF_ERROR(
+        ParseOne(*list.element[i], stream, payload_field, p.message, p.id, p.deleted));
+  }
+  return OkStatus();
+}
+
+namespace {
+char reply_object;  // what the parser's functions hand hiredis: any non-null pointer will do
+void FreeNothing(void*) {}
+}  // namespace
+
+redisReplyObjectFunctions* NewEntriesParser::Functions() {
+  static redisReplyObjectFunctions functions = {&NewEntriesParser::String, &NewEntriesParser::Array,
+                                                &NewEntriesParser::Integer, &NewEntriesParser::Nil,
+                                                &FreeNothing};
+  return &functions;
+}
+
+NewEntriesParser& NewEntriesParser::Of(const redisReadTask* task, int& depth) {
+  depth = 0;
+  while (task->parent != nullptr) {
+    task = task->parent;
+    ++depth;
+  }
+  return *static_cast<NewEntriesParser*>(task->privdata);
+}
+
+void NewEntriesParser::Bad(std::string_view what) {
+  if (status_.ok()) {
+    status_ = InternalError("XREADGROUP answered " + std::string(what) + " where entries belong");
+  }
+}
+
+// The reply: [[stream, [[id, [field, value, ...]], ...]], ...], or nil.
+// Depths:     0  1       2  3   4   5
+void* NewEntriesParser::Array(const redisReadTask* task, int elements) {
+  int depth = 0;
+  NewEntriesParser& p = Of(task, depth);
+  const auto n = static_cast<std::size_t>(elements);
+  switch (depth) {
+    case 0:  // the streams
+      break;
+    case 1:  // [stream, entries]
+      p.current_ = nullptr;
+      break;
+    case 2:  // the entries of p.stream_
+      if (task->idx != 1) p.Bad("an array");
+      if (p.current_ != nullptr) p.current_->reserve(p.current_->size() + n);
+      break;
+    case 3:  // [id, fields]
+      p.message_ = nullptr;
+      if (p.current_ != nullptr) {
+        p.message_ = &p.current_->emplace_back();
+        p.message_->partition = p.streams_[p.stream_];
+        p.message_->handle = p.stream_;
+        p.have_payload_ = false;
+      }
+      break;
+    case 4:  // fields
+      if (task->idx != 1) p.Bad("an array");
+      if (p.message_ != nullptr && n > 2) p.message_->headers.reserve(n / 2 - 1);
+      break;
+    default:
+      p.Bad("a nested array");
+  }
+  return &reply_object;
+}
+
+void* NewEntriesParser::String(const redisReadTask* task, char* str, std::size_t len) {
+  int depth = 0;
+  NewEntriesParser& p = Of(task, depth);
+  const std::string_view text(str, len);
+  if (depth == 0) {
+    if (task->type == REDIS_REPLY_ERROR && p.status_.ok()) {
+      p.status_ = UnavailableError("XREADGROUP answered error \"" + std::string(text) + "\"");
+    } else {
+      p.Bad("a string");
+    }
+  } else if (depth == 2 && task->idx == 0) {  // the stream's name
+    p.current_ = nullptr;
+    for (std::size_t i = 0; i < p.streams_.size(); ++i) {
+      if (p.streams_[i] == text) {
+        p.stream_ = i;
+        p.current_ = p.targets_[i];
+      }
+    }
+  } else if (depth == 4 && task->idx == 0) {  // the entry's id
+    if (p.message_ != nullptr) p.message_->position = text;
+  } else if (depth == 5) {
+    if (p.message_ == nullptr) return &reply_object;
+    if (task->idx % 2 == 0) {
+      p.name_ = text;
+    } else if (!p.have_payload_ && p.name_ == p.payload_field_) {
+      p.message_->payload = text;
+      p.have_payload_ = true;
+    } else {
+      p.message_->headers.emplace_back(p.name_, text);
+    }
+  } else {
+    p.Bad("a string");
+  }
+  return &reply_object;
+}
+
+void* NewEntriesParser::Integer(const redisReadTask* task, long long) {
+  int depth = 0;
+  Of(task, depth).Bad("an integer");
+  return &reply_object;
+}
+
+void* NewEntriesParser::Nil(const redisReadTask* task) {
+  int depth = 0;
+  NewEntriesParser& p = Of(task, depth);
+  if (depth != 0) p.Bad("nil");  // a nil reply: nothing new
+  return &reply_object;
 }
 
 }  // namespace idem::redis_streams

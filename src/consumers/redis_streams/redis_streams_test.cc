@@ -18,6 +18,7 @@
 
 #include "consumers/redis_streams/client.h"
 #include "consumers/redis_streams/entries.h"
+#include "consumers/redis_streams/testing.h"
 #include "tests/support/servers.h"
 
 namespace idem::redis_streams {
@@ -30,20 +31,10 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Pair;
 using SteadyClock = std::chrono::steady_clock;
-
-std::string SharedUrl() {
-  auto address = testing::RequiredEnv("IDEM_TEST_REDIS");
-  EXPECT_TRUE(address.has_value()) << address.error().ToString();
-  return address ? "redis://" + *address : "redis://127.0.0.1:1";
-}
-
-// A stream name no other test (or run) uses.
-std::string Unique(std::string_view what) {
-  static std::atomic<int> n{0};
-  return "idem-rs-test:" + std::to_string(::getpid()) + ":" +
-         std::to_string(SteadyClock::now().time_since_epoch().count()) + ":" + std::to_string(n++) +
-         ":" + std::string(what);
-}
+using testing::PendingCount;
+using testing::PendingCountSettled;
+using testing::SharedUrl;
+using testing::Unique;
 
 RedisStreamsConfig Config(const std::string& url, std::vector<std::string> streams,
                           std::string consumer = "c1") {
@@ -114,17 +105,6 @@ Status AckAll(Broker& b, const std::vector<BrokerMessage>& ms) {
   return b.Acknowledge(p);
 }
 
-// A number from redis: XPENDING's count of entries pending in the group.
-long long PendingCount(const std::string& url, const std::string& stream) {
-  auto a = ParseAddress(url);
-  if (!a) return -1;
-  auto c = Client::Open(*a, milliseconds(2000));
-  if (!c) return -1;
-  auto r = (*c)->Call(Args().Add("XPENDING").Add(stream).Add("g"));
-  if (!r || (*r)->type != REDIS_REPLY_ARRAY || (*r)->elements < 1) return -1;
-  return (*r)->element[0]->integer;
-}
-
 TEST(RedisStreamsConfigTest, RejectsBadOptionsNamingThem) {
   const RedisStreamsConfig good = Config("redis://127.0.0.1:1", {"s"});
   struct Case {
@@ -180,8 +160,68 @@ TEST(RedisStreamsConfigTest, EntryIdsOrderAsRedisOrdersThem) {
   EXPECT_FALSE(ParseEntryId("1-x").has_value());
 }
 
+// Feeds `resp` to a hiredis reader with the parser's functions, `chunk` bytes at a time.
+Status ParseNew(std::string_view resp, std::size_t chunk, std::vector<BrokerMessage>& a,
+                std::vector<BrokerMessage>& b) {
+  const std::vector<std::string> streams = {"a", "b"};
+  std::vector<std::vector<BrokerMessage>*> targets = {&a, &b};
+  NewEntriesParser parser(streams, targets, "payload");
+  redisReader* reader = redisReaderCreateWithFunctions(NewEntriesParser::Functions());
+  reader->privdata = &parser;
+  void* reply = nullptr;
+  for (std::size_t at = 0; at < resp.size() && reply == nullptr; at += chunk) {
+    const std::string_view part = resp.substr(at, chunk);
+    EXPECT_EQ(redisReaderFeed(reader, part.data(), part.size()), REDIS_OK);
+    EXPECT_EQ(redisReaderGetReply(reader, &reply), REDIS_OK);
+  }
+  EXPECT_NE(reply, nullptr) << "no whole reply";
+  redisReaderFree(reader);
+  return parser.status();
+}
+
+TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
+  const std::string resp =
+      "*2\r\n"
+      "*2\r\n$1\r\nb\r\n*1\r\n"
+      "*2\r\n$3\r\n5-0\r\n*4\r\n$1\r\nk\r\n$1\r\nv\r\n$7\r\npayload\r\n$2\r\nhi\r\n"
+      "*2\r\n$1\r\na\r\n*2\r\n"
+      "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$0\r\n\r\n"
+      "*2\r\n$3\r\n1-1\r\n*6\r\n$7\r\npayload\r\n$1\r\nx\r\n$7\r\npayload\r\n$1\r\ny\r\n"
+      "$15\r\nIdempotency-Key\r\n$2\r\nk1\r\n";
+  for (const std::size_t chunk : {resp.size(), std::size_t{1}, std::size_t{7}}) {
+    std::vector<BrokerMessage> a, b;
+    ASSERT_TRUE(ParseNew(resp, chunk, a, b).ok()) << chunk;
+    ASSERT_EQ(a.size(), 2u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(b[0].partition, "b");
+    EXPECT_EQ(b[0].handle, 1u);
+    EXPECT_EQ(b[0].position, "5-0");
+    EXPECT_EQ(b[0].payload, "hi");
+    EXPECT_THAT(b[0].headers, ElementsAre(Pair("k", "v")));
+    EXPECT_EQ(a[0].partition, "a");
+    EXPECT_EQ(a[0].handle, 0u);
+    EXPECT_EQ(a[0].position, "1-0");
+    EXPECT_EQ(a[0].payload, "");
+    EXPECT_TRUE(a[0].headers.empty());
+    EXPECT_EQ(a[1].payload, "x");  // the first payload field; a second one is a header
+    EXPECT_THAT(a[1].headers, ElementsAre(Pair("payload", "y"), Pair("Idempotency-Key", "k1")));
+  }
+  std::vector<BrokerMessage> a, b;
+  EXPECT_TRUE(ParseNew("*-1\r\n", 1, a, b).ok());  // nil: nothing new
+  EXPECT_TRUE(a.empty() && b.empty());
+  const Status error = ParseNew("-NOGROUP No such key\r\n", 3, a, b);
+  EXPECT_EQ(error.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(error.message(), HasSubstr("NOGROUP"));
+  EXPECT_EQ(ParseNew(":1\r\n", 1, a, b).code(), StatusCode::kInternal);
+  // Entries of a stream it does not read are skipped, the rest kept.
+  const std::string other =
+      "*1\r\n*2\r\n$1\r\nz\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n";
+  EXPECT_TRUE(ParseNew(other, 2, a, b).ok());
+  EXPECT_TRUE(a.empty() && b.empty());
+}
+
 TEST(RedisStreamsTest, UnreachableServerIsUnavailable) {
-  auto port = testing::FreePort();
+  auto port = idem::testing::FreePort();
   ASSERT_TRUE(port.has_value());
   auto b =
       OpenRedisStreamsConsumer(Config("redis://127.0.0.1:" + std::to_string(*port), {Unique("s")}));
@@ -234,8 +274,8 @@ TEST(RedisStreamsTest, PollsEveryStreamInEntryOrder) {
     }
   }
   EXPECT_TRUE(AckAll(*broker, got).ok());
-  EXPECT_EQ(PendingCount(url, a), 0);
-  EXPECT_EQ(PendingCount(url, b), 0);
+  EXPECT_EQ(PendingCountSettled(url, a, 0), 0);
+  EXPECT_EQ(PendingCountSettled(url, b, 0), 0);
   EXPECT_TRUE(broker->Health().ok());
 }
 
@@ -266,7 +306,7 @@ TEST(RedisStreamsTest, AcknowledgedEntriesAreNotDeliveredAgain) {
   auto nothing = third->Poll(10, milliseconds(50));
   ASSERT_TRUE(nothing.has_value());
   EXPECT_TRUE(nothing->empty());
-  EXPECT_EQ(PendingCount(url, s), 0);
+  EXPECT_EQ(PendingCountSettled(url, s, 0), 0);
 }
 
 TEST(RedisStreamsTest, RestartedConsumerGetsItsOwnPendingEntriesFirst) {
@@ -284,6 +324,29 @@ TEST(RedisStreamsTest, RestartedConsumerGetsItsOwnPendingEntriesFirst) {
   expected.insert(expected.end(), later.begin(), later.end());
   EXPECT_THAT(Positions(got), ElementsAreArray(expected));
   EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u, 2u, 1u, 1u, 1u));
+}
+
+TEST(RedisStreamsTest, PendingEntriesDeletedFromTheStreamAreSkippedAndAcknowledged) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto ids = PublishN(url, s, 3);
+  {
+    auto broker = Open(Config(url, {s}));
+    ASSERT_EQ(PollN(*broker, 3).size(), 3u);
+  }
+  auto address = ParseAddress(url);
+  ASSERT_TRUE(address.has_value());
+  auto client = Client::Open(*address, milliseconds(2000));
+  ASSERT_TRUE(client.has_value());
+  auto del = (*client)->Call(Args().Add("XDEL").Add(s).Add(ids[1]));
+  ASSERT_TRUE(del.has_value());
+  ASSERT_EQ((*del)->integer, 1);
+
+  auto broker = Open(Config(url, {s}));
+  auto got = PollN(*broker, 2);
+  EXPECT_THAT(Positions(got), ElementsAre(ids[0], ids[2]));
+  ASSERT_TRUE(AckAll(*broker, got).ok());
+  EXPECT_EQ(PendingCountSettled(url, s, 0), 0);
 }
 
 TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
@@ -308,10 +371,46 @@ TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
   EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u, 2u, 2u));
   EXPECT_GE(waited, milliseconds(300));
   ASSERT_TRUE(AckAll(*alive, got).ok());
-  EXPECT_EQ(PendingCount(url, s), 0);
+  EXPECT_EQ(PendingCountSettled(url, s, 0), 0);
   // New entries go on as usual after the claimed ones.
   const auto more = PublishN(url, s, 2, "more");
   EXPECT_THAT(Positions(PollN(*alive, 2)), ElementsAreArray(more));
+}
+
+TEST(RedisStreamsTest, ABusyConsumerStillClaimsTheEntriesOfAStoppedOne) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto dead_ids = PublishN(url, s, 5, "dead");
+  {
+    auto dead = Open(Config(url, {s}, "dead"));
+    ASSERT_EQ(PollN(*dead, 5).size(), 5u);
+  }
+  // A backlog that keeps every Poll of the other consumer full (and a batch read ahead).
+  std::vector<StreamEntry> backlog(3000, StreamEntry{.payload = "later"});
+  ASSERT_TRUE(Publish(url, s, backlog).ok());
+  auto config = Config(url, {s}, "busy");
+  config.claim_idle = milliseconds(300);
+  config.claim_interval = milliseconds(50);
+  auto busy = Open(config);
+  std::size_t later_before_claimed = 0;
+  std::vector<BrokerMessage> claimed;
+  const auto deadline = SteadyClock::now() + milliseconds(10'000);
+  while (claimed.size() < 5 && SteadyClock::now() < deadline) {
+    auto batch = busy->Poll(10, milliseconds(50));
+    ASSERT_TRUE(batch.has_value()) << batch.error().ToString();
+    ASSERT_FALSE(batch->empty()) << "the backlog ran out before the claim";
+    ASSERT_TRUE(AckAll(*busy, *batch).ok());
+    for (auto& m : *batch) {
+      if (m.payload == "later") {
+        ++later_before_claimed;
+      } else {
+        claimed.push_back(std::move(m));
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(3));  // the batch takes a while
+  }
+  EXPECT_THAT(Positions(claimed), ElementsAreArray(dead_ids));
+  EXPECT_LT(later_before_claimed, 3000u);
 }
 
 TEST(RedisStreamsTest, TouchedEntriesAreNotClaimed) {
@@ -415,6 +514,29 @@ TEST(RedisStreamsTest, DeadLetterCarriesPayloadHeadersAndReason) {
   EXPECT_EQ(h[std::string(kDlqSourceHeader)], s + "@" + *id);
 }
 
+TEST(RedisStreamsTest, DeadLetterThatRedisRefusesIsUnavailable) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  auto config = Config(url, {s});
+  config.dlq_stream = s + ".not-a-stream";
+  auto address = ParseAddress(url);
+  ASSERT_TRUE(address.has_value());
+  auto client = Client::Open(*address, milliseconds(2000));
+  ASSERT_TRUE(client.has_value());
+  ASSERT_TRUE((*client)->Call(Args().Add("SET").Add(config.dlq_stream).Add("x")).has_value());
+  auto broker = Open(config);
+  PublishN(url, s, 2);
+  auto got = PollN(*broker, 2);
+  ASSERT_EQ(got.size(), 2u);
+  const Status dead = broker->DeadLetter(got[0], {.reason = "permanent", .attempts = 1});
+  EXPECT_EQ(dead.code(), StatusCode::kUnavailable) << dead.ToString();
+  EXPECT_THAT(dead.message(), HasSubstr("WRONGTYPE"));
+  // The broker goes on after it: nothing of the batch was acknowledged, so a new connection
+  // reads both entries back from the pending list.
+  auto again = PollN(*broker, 2);
+  EXPECT_THAT(Positions(again), ElementsAre(got[0].position, got[1].position));
+}
+
 TEST(RedisStreamsTest, BulkPublishKeepsOrder) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
@@ -436,18 +558,18 @@ TEST(RedisStreamsTest, BulkPublishKeepsOrder) {
 
 struct OwnServer {
   std::filesystem::path dir;
-  std::optional<testing::RedisServer> server;
+  std::optional<idem::testing::RedisServer> server;
   std::string url;
 };
 
 OwnServer StartOwnServer(std::string_view name) {
   OwnServer o;
   o.dir = std::filesystem::temp_directory_path() / Unique(name);
-  auto port = testing::FreePort();
+  auto port = idem::testing::FreePort();
   EXPECT_TRUE(port.has_value());
   if (!port) return o;
-  auto s =
-      testing::RedisServer::Start(o.dir, *port, {"--appendonly", "yes", "--appendfsync", "always"});
+  auto s = idem::testing::RedisServer::Start(o.dir, *port,
+                                             {"--appendonly", "yes", "--appendfsync", "always"});
   EXPECT_TRUE(s.has_value()) << s.error().ToString();
   if (s) {
     o.url = "redis://" + s->address();

@@ -37,6 +37,12 @@ class LogJournal final : public core::Journal {
     return writer_ != nullptr && ticket != 0 ? writer_->Wait(ticket) : OkStatus();
   }
   Status health() override { return writer_ != nullptr ? writer_->health() : OkStatus(); }
+  void BeginGroup() override {
+    if (writer_ != nullptr) writer_->HoldWakes();
+  }
+  void EndGroup() override {
+    if (writer_ != nullptr) writer_->ReleaseWakes();
+  }
 
  private:
   LogWriter* writer_ = nullptr;

@@ -113,6 +113,21 @@ void LogWriter::Fail(const Status& s) {
   rotate_cv_.notify_all();
 }
 
+namespace {
+// This thread's HoldWakes() depth, and whether an Append held a wake back meanwhile.
+thread_local int hold_depth = 0;
+thread_local bool wake_owed = false;
+}  // namespace
+
+void LogWriter::HoldWakes() { ++hold_depth; }
+
+void LogWriter::ReleaseWakes() {
+  if (--hold_depth > 0 || !wake_owed) return;
+  wake_owed = false;
+  std::lock_guard lock(mu_);
+  work_cv_.notify_one();
+}
+
 std::uint64_t LogWriter::Append(const Entry& e) {
   thread_local std::string scratch;
   scratch.clear();
@@ -125,7 +140,11 @@ std::uint64_t LogWriter::Append(const Entry& e) {
   if (pending_ticket_ == 0) {
     pending_ticket_ = next_ticket_++;
     last_ticket_.store(pending_ticket_, std::memory_order_release);
-    work_cv_.notify_one();
+    if (hold_depth == 0) {
+      work_cv_.notify_one();
+    } else {
+      wake_owed = true;
+    }
   }
   if (pending_.count() == back_target_) {
     back_at_ = std::chrono::steady_clock::now();

@@ -66,6 +66,11 @@ class LogWriter {
   std::uint64_t LastTicket() const { return last_ticket_.load(std::memory_order_acquire); }
   // Blocks until `ticket` is durable per the sync mode, or the log failed.
   Status Wait(std::uint64_t ticket);
+  // A batch of Appends from this thread: between HoldWakes() and ReleaseWakes() an Append does
+  // not wake the flusher (which would sync the first entry alone and leave the rest for a
+  // second sync); ReleaseWakes() does, if one was held back. Call ReleaseWakes() before Wait().
+  void HoldWakes();
+  void ReleaseWakes();
   // Non-ok once a write or sync failed. Lock-free while healthy.
   Status health() const;
 

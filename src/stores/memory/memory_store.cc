@@ -821,6 +821,7 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
     return &ShardFor(ids[a].shard_hash) < &ShardFor(ids[b].shard_hash);
   });
   // A chunk at a time, so a huge batch does not hold every shard for long.
+  if (journal_ != nullptr) journal_->BeginGroup();
   std::vector<Shard*> locked;
   for (std::size_t begin = 0; begin < order.size(); begin += kBatchChunk) {
     const std::span<const std::uint32_t> chunk(
@@ -843,6 +844,7 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
     }
     for (Shard* sh : locked) sh->mu.unlock();
   }
+  if (journal_ != nullptr) journal_->EndGroup();
   // One wait for the whole batch: its changes share group commits.
   const Status durable = journal_ != nullptr && ticket != 0 ? journal_->Wait(ticket) : OkStatus();
   std::vector<Result<Answer>> out;
