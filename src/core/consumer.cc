@@ -10,10 +10,11 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
+
 #include <utility>
 #include <vector>
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 
 #include "core/receiver_parts.h"
 
@@ -217,6 +218,20 @@ struct Consumer::Impl {
   // Takes the key, fingerprint or poison reason of a message.
   void Classify(Item& item) {
     const BrokerMessage& m = *item.message;
+    if (options.key_source.kind == KeySource::Kind::kHeader &&
+        options.fingerprint == FingerprintMode::kNone) {
+      // The common case, without building a Message: the key header, validated as KeyOf would.
+      for (const auto& [name, value] : m.headers) {
+        if (!core::HeaderNameEquals(name, options.key_source.name)) continue;
+        if (Status s = ValidateKey(value, options.max_key_bytes); !s.ok()) {
+          item.poison_reason = "bad_key";
+          item.poison_error = s.message();
+        } else {
+          item.key = value;
+        }
+        return;
+      }
+    }
     std::vector<Header> headers;
     headers.reserve(m.headers.size());
     for (const auto& [name, value] : m.headers) headers.emplace_back(name, value);
@@ -271,7 +286,8 @@ struct Consumer::Impl {
                          .token = acquired.token,
                          .payload = item.message->payload};
       HandlerVerdict verdict;
-      core::Stopwatch sw;
+      std::optional<core::Stopwatch> sw;
+      if (metrics) sw.emplace();
       try {
         verdict = handler(ctx, *item.message);
       } catch (const std::exception& e) {
@@ -279,7 +295,7 @@ struct Consumer::Impl {
       } catch (...) {
         verdict = {Verdict::kRetryable, "handler threw a non-standard exception"};
       }
-      if (metrics) metrics->handler_seconds->ObserveDuration(sw.Elapsed());
+      if (sw) metrics->handler_seconds->ObserveDuration(sw->Elapsed());
 
       if (verdict.verdict == Verdict::kSuccess) {
         completions.push_back({index, Outcome::kSuccess, std::move(verdict.detail)});
@@ -377,7 +393,7 @@ struct Consumer::Impl {
 
   // In-batch duplicates follow their first occurrence; the others get one BeginRequest each.
   std::vector<BeginRequest> Requests(Round& r) {
-    std::unordered_map<std::string_view, int> first_of;
+    absl::flat_hash_map<std::string_view, int> first_of;
     first_of.reserve(r.items.size());
     std::vector<BeginRequest> requests;
     requests.reserve(r.items.size());
@@ -419,7 +435,7 @@ struct Consumer::Impl {
   void SettleAll(Round& r, std::vector<Result<BeginAnswer>>& answers) {
     Timestamp leases_from = clock.Now();
     std::vector<std::string_view> partitions;
-    std::unordered_map<std::string_view, std::vector<std::size_t>> by_partition;
+    absl::flat_hash_map<std::string_view, std::vector<std::size_t>> by_partition;
     for (std::size_t i = 0; i < r.items.size(); ++i) {
       auto [it, inserted] = by_partition.try_emplace(r.items[i].message->partition);
       if (inserted) partitions.push_back(it->first);
@@ -566,6 +582,7 @@ struct Consumer::Impl {
       auto results = store.CompleteBatch(reqs);
       if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
       std::vector<std::size_t> again;
+      std::uint64_t executed = 0;
       for (std::size_t k = 0; k < results.size(); ++k) {
         const std::size_t c = pending[k];
         Item& item = r.items[r.completions[c].item];
@@ -581,11 +598,10 @@ struct Consumer::Impl {
                                                          : metrics->complete_failure)
               ->Inc();
         }
-        if (r.completions[c].outcome == Outcome::kSuccess) {
-          Count(&ConsumerCounts::executed, &ConsumerMetrics::executed);
-        }
+        if (r.completions[c].outcome == Outcome::kSuccess) ++executed;
         item.acquired.reset();
       }
+      Count(&ConsumerCounts::executed, &ConsumerMetrics::executed, executed);
       pending = std::move(again);
     }
     for (std::size_t c : pending) {
@@ -612,9 +628,10 @@ struct Consumer::Impl {
       }
     }
     std::vector<const BrokerMessage*> ack;
-    std::unordered_map<std::string_view, std::vector<const BrokerMessage*>> back;
+    ack.reserve(r.items.size());
+    absl::flat_hash_map<std::string_view, std::vector<const BrokerMessage*>> back;
     std::vector<std::string_view> back_order;
-    std::unordered_map<std::string_view, bool> cut;
+    absl::flat_hash_map<std::string_view, bool> cut;
     for (Item& item : r.items) {
       const std::string_view partition = item.message->partition;
       bool& partition_cut = cut[partition];
@@ -710,7 +727,8 @@ struct Consumer::Impl {
   }
 
   static bool SharesKeys(const Round& a, const Round& b) {
-    std::unordered_set<std::string_view> keys;
+    absl::flat_hash_set<std::string_view> keys;
+    keys.reserve(a.items.size());
     for (const Item& item : a.items) {
       if (!item.key.empty()) keys.insert(item.key);
     }
