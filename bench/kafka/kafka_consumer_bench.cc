@@ -3,7 +3,8 @@
 // deduplication. All in one run, on one in-process mock cluster, over the same messages.
 //
 //   kafka_consumer_bench [--messages 120000] [--payload 100] [--partitions 4] [--batch 256]
-//                        [--rounds 5] [--settle 0] [--only plain|adapter|memory|log]
+//                        [--rounds 5] [--settle 0] [--pipeline 1]
+//                        [--only plain|adapter|memory|log]
 //
 // librdkafka 2.0's mock cluster keeps about 5 MB per partition and drops older messages (about
 // 35 000 of these per partition), hence 120 000 over 4 partitions; the bench refuses to run when
@@ -17,7 +18,8 @@
 //       what is already there up to the batch size), reading each message's payload and key
 //       header, and one synchronous commit per batch of each partition's next offset;
 //   (b) idem::Consumer + MemoryStore, no-op handler;
-//   (c) idem::Consumer + log store (sync=always, a temporary directory), no-op handler.
+//   (c) idem::Consumer + log store (sync=always, a temporary directory), no-op handler;
+//   (b) and (c) with ConsumerOptions::pipeline (--pipeline 0: without), as idemd consume runs.
 // The clock of a run starts once its first batch is done (the group join, which takes the mock
 // three seconds, is not measured; --settle MS waits that much longer, for librdkafka to fetch
 // everything first, so that only the consumers are compared) and stops when every message was
@@ -57,7 +59,8 @@ struct Flags {
   // fetched every partition and the clock measures the consumers alone, not the mock's fetch
   // path. 0 (the default): measure while fetching, end to end.
   std::chrono::milliseconds settle{0};
-  std::string only;  // plain, adapter, memory or log: run that one alone (for perf)
+  bool pipeline = true;  // ConsumerOptions::pipeline for (b) and (c), as idemd consume runs Kafka
+  std::string only;      // plain, adapter, memory or log: run that one alone (for perf)
 };
 
 bool Runs(const Flags& flags, const char* what) { return flags.only.empty() || flags.only == what; }
@@ -265,6 +268,7 @@ Run Idem(const std::string& bootstrap, const std::string& topic, const Flags& fl
   options.scope = config.group;  // a fresh scope: every key is new
   options.batch_size = flags.batch;
   options.poll_wait = std::chrono::milliseconds(100);
+  options.pipeline = flags.pipeline;
   idem::Consumer consumer(
       store, **broker,
       [](const idem::HandlerContext&, const idem::BrokerMessage&) {
@@ -280,6 +284,8 @@ Run Idem(const std::string& bootstrap, const std::string& topic, const Flags& fl
     consumed += *n;
     meter.Round(*n, began);
   }
+  // Pipelined, the last batch is still completing: its time counts too.
+  if (idem::Status s = consumer.Flush(); !s.ok()) Die(std::string(what) + ": " + s.ToString());
   const Run run = meter.Result();
   const idem::ConsumerCounts counts = consumer.counts();
   if (counts.executed != flags.messages) {
@@ -305,7 +311,8 @@ int main(int argc, char** argv) {
       continue;
     }
     const long v = std::atol(argv[i + 1]);
-    if (v <= 0 && !(flag == "--settle" && std::string(argv[i + 1]) == "0")) {
+    if (v <= 0 &&
+        !((flag == "--settle" || flag == "--pipeline") && std::string(argv[i + 1]) == "0")) {
       Die("bad value for " + flag);
     }
     if (flag == "--messages") {
@@ -316,6 +323,8 @@ int main(int argc, char** argv) {
       flags.partitions = static_cast<int>(v);
     } else if (flag == "--batch") {
       flags.batch = static_cast<std::size_t>(v);
+    } else if (flag == "--pipeline") {
+      flags.pipeline = v != 0;
     } else if (flag == "--settle") {
       flags.settle = std::chrono::milliseconds(v);
     } else if (flag == "--rounds") {
@@ -379,9 +388,9 @@ int main(int argc, char** argv) {
   rd_kafka_destroy(probe);
   std::printf(
       "kafka_consumer_bench: %zu messages of %zu bytes over %d partitions, batch %zu, "
-      "%d rounds (medians), settle %lld ms, mock cluster in process\n",
+      "%d rounds (medians), settle %lld ms, pipeline %d, mock cluster in process\n",
       flags.messages, flags.payload, flags.partitions, flags.batch, flags.rounds,
-      static_cast<long long>(flags.settle.count()));
+      static_cast<long long>(flags.settle.count()), flags.pipeline ? 1 : 0);
   std::fflush(stdout);
 
   std::vector<double> plain, adapter, memory, log;

@@ -29,11 +29,14 @@
 // Rebalances: librdkafka calls the adapter's rebalance callback only from inside Poll, so while
 // the core runs a batch (handlers, CompleteBatch, Acknowledge all happen between two Polls) no
 // partition moves. On a revoke the adapter drops what it buffered of the revoked partitions and
-// their state; an Acknowledge of one of their messages afterwards is ignored (the new owner
-// reads them again from the last commit, and the store answers Replay or Busy there).
+// their state; an Acknowledge or Redeliver of one of their messages afterwards is ignored (the
+// new owner reads them again from the last commit, and the store answers Replay or Busy there).
 // Callers that keep keys beyond one batch must finish or release in-flight keys of revoked
-// partitions before they move, i.e. before their next Poll. Processing a batch must take less
-// than max.poll.interval.ms (default 300 s), or the group evicts the consumer.
+// partitions before they move, i.e. before their next Poll. With ConsumerOptions::pipeline the
+// previous batch is still completing during the Poll that gives its partitions up: its
+// acknowledgement comes too late to commit, and the new owner waits (Busy) until its completion
+// lands, then answers Replay; effects still happen once. Processing a batch must take less than
+// max.poll.interval.ms (default 300 s), or the group evicts the consumer.
 //
 // DeadLetter produces to dlq_topic the same payload and Kafka key with
 // DeadLetterHeaders(message, info) as headers, and waits for the delivery report (a failure,

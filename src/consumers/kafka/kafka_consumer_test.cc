@@ -79,6 +79,9 @@ class KafkaConsumerTest : public ::testing::Test {
     return broker ? std::move(*broker) : nullptr;
   }
 
+  // The rebalance scenario, with or without ConsumerOptions::pipeline.
+  void Rebalance(bool pipeline);
+
   std::string topic_;
   std::string dlq_;
   std::optional<MockCluster> cluster_;
@@ -165,9 +168,22 @@ TEST_F(KafkaConsumerTest, AHandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts)
 // middle of a batch with a slow handler. The cooperative rebalance moves partitions only
 // between batches (inside Poll), a commit that fails meanwhile makes the new owner read again
 // from the last commit, and the store answers Replay for what was done: every key's effect
-// happens once, and each partition's effects in publish order.
+// happens once, and each partition's effects in publish order. Pipelined, the batch before the
+// Poll that gives a partition up is still completing and is acknowledged after it: the adapter
+// ignores those acknowledgements, and the new owner waits (Busy) for the completion to land,
+// then gets Replay.
 TEST_F(KafkaConsumerTest, ARebalanceWhileMessagesAreInFlightKeepsEffectsOnceAndInOrder) {
+  Rebalance(/*pipeline=*/false);
+}
+
+TEST_F(KafkaConsumerTest, APipelinedRebalanceWhileMessagesAreInFlightKeepsEffectsOnceAndInOrder) {
+  Rebalance(/*pipeline=*/true);
+}
+
+void KafkaConsumerTest::Rebalance(bool pipeline) {
   constexpr int kPerPartition = 40;
+  ConsumerOptions options = FastOptions();
+  options.pipeline = pipeline;
   for (int p = 0; p < 4; ++p) {
     ASSERT_TRUE(
         PublishNumbered(*producer_, topic_, p, "p" + std::to_string(p), kPerPartition).ok());
@@ -194,13 +210,13 @@ TEST_F(KafkaConsumerTest, ARebalanceWhileMessagesAreInFlightKeepsEffectsOnceAndI
   auto second_broker = Open(group);
   ASSERT_NE(first_broker, nullptr);
   ASSERT_NE(second_broker, nullptr);
-  Consumer first(*store_, *first_broker, handler_for("first"), FastOptions());
+  Consumer first(*store_, *first_broker, handler_for("first"), options);
   std::thread first_thread([&] { first.Run(); });
 
   // The second joins once the first is working on a batch.
   const auto deadline = SteadyClock::now() + 60s;
   while (total.load() == 0 && SteadyClock::now() < deadline) std::this_thread::sleep_for(5ms);
-  Consumer second(*store_, *second_broker, handler_for("second"), FastOptions());
+  Consumer second(*store_, *second_broker, handler_for("second"), options);
   std::thread second_thread([&] { second.Run(); });
 
   while (total.load() < 4 * kPerPartition && SteadyClock::now() < deadline) {

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <climits>
 
+#ifdef IDEM_KAFKA_TSAN_SHIM
+extern "C" const int idem_kafka_tsan_shim;  // tsan_c11_threads.cc
+#endif
+
 namespace idem::kafka::internal {
 
 Status Set(rd_kafka_conf_t* conf, std::string_view name, std::string_view value) {
@@ -23,6 +27,10 @@ Status SetAll(rd_kafka_conf_t* conf, const Properties& properties) {
 }
 
 Result<Handle> NewHandle(rd_kafka_type_t type, Conf conf) {
+#ifdef IDEM_KAFKA_TSAN_SHIM
+  // Links the TSan shim into every program that creates a handle through the adapter.
+  (void)*static_cast<const volatile int*>(&idem_kafka_tsan_shim);
+#endif
   char err[512];
   // rd_kafka_new owns the configuration only when it succeeds.
   rd_kafka_t* rk = rd_kafka_new(type, conf.get(), err, sizeof err);

@@ -55,6 +55,9 @@ static_assert(sizeof(thrd_t) == sizeof(pthread_t));
 
 extern "C" {
 
+// Referenced by internal::NewHandle, so that the linker takes this file along with the adapter.
+extern const int idem_kafka_tsan_shim = 1;
+
 int thrd_create(thrd_t* thr, thrd_start_t func, void* arg) {
   auto* start = new (std::nothrow) Start{func, arg};
   if (start == nullptr) return thrd_nomem;
