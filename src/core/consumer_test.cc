@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "idem/stores/memory.h"
+#include "tests/support/consumer_helpers.h"
 #include "tests/support/fake_broker.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/faulty_store.h"
@@ -27,14 +28,7 @@ using std::chrono::milliseconds;
 using testing::FakeBroker;
 using testing::FakeClock;
 using testing::FaultyStore;
-
-std::string HeaderOf(const std::vector<std::pair<std::string, std::string>>& headers,
-                     std::string_view name) {
-  for (const auto& [n, v] : headers) {
-    if (n == name) return v;
-  }
-  return "<missing>";
-}
+using testing::HeaderOf;
 
 class ConsumerTest : public ::testing::TestWithParam<bool> {
  protected:

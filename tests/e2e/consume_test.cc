@@ -36,6 +36,7 @@
 #include "idem/consumers/kafka.h"
 #include "idem/consumers/nats.h"
 #include "idem/consumers/redis_streams.h"
+#include "tests/support/consumer_helpers.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
 
@@ -62,13 +63,6 @@ std::filesystem::path MakeTempDir() {
 std::string Unique(std::string_view what) {
   return std::string(what) + std::to_string(::getpid()) + "x" +
          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1'000'000);
-}
-
-std::string HeaderOf(const Headers& headers, std::string_view name) {
-  for (const auto& [n, v] : headers) {
-    if (n == name) return v;
-  }
-  return {};
 }
 
 // One message to publish.
@@ -473,7 +467,7 @@ TEST_P(ConsumeE2eTest, KilledConsumerChargesEachKeyOnceInOrderAndDeadLettersExac
   for (const DeadLetter& d : driver_->ReadDlq()) {
     const std::string reason = HeaderOf(d.headers, "idem-dlq-reason");
     const std::string key = HeaderOf(d.headers, "idem-dlq-key");
-    if (key.empty()) {
+    if (key.empty() || key == "<missing>") {  // NATS leaves an empty header out
       EXPECT_EQ(reason, "no_key");
       repeats += dead_poison.insert(HeaderOf(d.headers, "X-Test-Id")).second ? 0 : 1;
     } else {

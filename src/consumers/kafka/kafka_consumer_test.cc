@@ -16,10 +16,13 @@
 #include "idem/consumer.h"
 #include "idem/consumers/kafka.h"
 #include "idem/stores/memory.h"
+#include "tests/support/consumer_helpers.h"
 
 namespace idem::kafka {
 namespace {
 
+using idem::testing::HeaderOf;
+using idem::testing::RunUntil;
 using testing::CommittedOffset;
 using ::testing::ElementsAre;
 using testing::MockCluster;
@@ -39,24 +42,6 @@ ConsumerOptions FastOptions() {
   o.max_backoff = 50ms;
   o.max_attempts = 5;
   return o;
-}
-
-std::string HeaderOf(const Headers& headers, std::string_view name) {
-  for (const auto& [k, v] : headers) {
-    if (k == name) return v;
-  }
-  return "<missing>";
-}
-
-// Runs rounds until `done` or the timeout; false on timeout.
-template <typename Done>
-bool RunUntil(Consumer& consumer, Done done, std::chrono::milliseconds timeout) {
-  const auto deadline = SteadyClock::now() + timeout;
-  while (!done()) {
-    if (SteadyClock::now() > deadline) return false;
-    (void)consumer.RunOnce();
-  }
-  return true;
 }
 
 class KafkaConsumerTest : public ::testing::Test {
@@ -108,8 +93,7 @@ TEST_F(KafkaConsumerTest, AHandlerThatFailsTwiceRunsThreeTimesAndIsAcknowledged)
         return {Verdict::kSuccess, "done"};
       },
       FastOptions());
-  ASSERT_TRUE(RunUntil(
-      consumer, [&] { return consumer.counts().executed == 1; }, 30s));
+  ASSERT_TRUE(RunUntil(consumer, 30s, [&] { return consumer.counts().executed == 1; }));
   EXPECT_THAT(attempts, ElementsAre(1u, 2u, 3u));
   EXPECT_EQ(effects, 1);
   const ConsumerCounts counts = consumer.counts();
@@ -137,8 +121,7 @@ TEST_F(KafkaConsumerTest, AHandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts)
         return {Verdict::kRetryable, "downstream says no"};
       },
       options);
-  ASSERT_TRUE(RunUntil(
-      consumer, [&] { return consumer.counts().dead_lettered == 2; }, 30s));
+  ASSERT_TRUE(RunUntil(consumer, 30s, [&] { return consumer.counts().dead_lettered == 2; }));
   EXPECT_THAT(attempts, ElementsAre(1u, 2u, 3u));
   EXPECT_EQ(consumer.counts().poison, 1u);
   auto committed = CommittedOffset(cluster_->bootstrap(), group, topic_, 0);

@@ -19,10 +19,14 @@
 #include "idem/consumer.h"
 #include "idem/consumers/nats.h"
 #include "idem/stores/memory.h"
+#include "tests/support/consumer_helpers.h"
 #include "tests/support/servers.h"
 
 namespace idem::nats {
 namespace {
+
+using idem::testing::HeaderOf;
+using idem::testing::RunUntil;
 
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
@@ -69,24 +73,6 @@ ConsumerOptions FastOptions() {
   o.max_backoff = 100ms;
   o.max_attempts = 5;
   return o;
-}
-
-std::string HeaderOf(const Headers& headers, std::string_view name) {
-  for (const auto& [k, v] : headers) {
-    if (k == name) return v;
-  }
-  return "<missing>";
-}
-
-// Runs rounds until `done` or `timeout`.
-template <typename F>
-bool RunUntil(Consumer& consumer, milliseconds timeout, F done) {
-  const auto deadline = SteadyClock::now() + timeout;
-  while (!done()) {
-    if (SteadyClock::now() >= deadline) return false;
-    (void)consumer.RunOnce();
-  }
-  return true;
 }
 
 class NatsConsumerTest : public ::testing::Test {
