@@ -2,7 +2,7 @@
 // Brokers deliver at least once; the consumer turns their redeliveries into one execution of
 // the handler per key.
 //
-//   auto broker = idem::kafka::OpenConsumer({...});          // any idem::Broker
+//   auto broker = idem::kafka::OpenKafkaConsumer({...});     // any idem::Broker
 //   idem::Consumer consumer(*store, **broker, handler, {.scope = "payments"});
 //   consumer.Run();                                          // until Stop()
 //
