@@ -342,14 +342,9 @@ std::string_view BrokerKindName(BrokerKind k) {
 }
 
 Result<ConsumeConfig> ParseConsumeConfig(std::string_view text, std::string_view file) {
-  toml::table root;
-  try {
-    root = toml::parse(text, std::string(file));
-  } catch (const toml::parse_error& e) {
-    return InvalidArgumentError(std::string(file) + ":" + std::to_string(e.source().begin.line) +
-                                ":" + std::to_string(e.source().begin.column) +
-                                ": TOML syntax error: " + std::string(e.description()));
-  }
+  auto parsed = ParseToml(text, file);
+  if (!parsed) return parsed.error();
+  const toml::table& root = *parsed;
   ConsumeConfig config;
   std::set<std::string> names;
   for (auto [k, v] : InFileOrder(root)) {

@@ -159,6 +159,7 @@ struct Consumer::Impl {
   std::optional<Metrics> metrics;
   std::optional<ConsumerMetrics> own;
   std::mt19937_64 rng;
+  std::vector<Header> header_scratch;  // Classify's, on the consumer's thread
 
   std::atomic<bool> stop{false};
   std::mutex stop_mu;
@@ -218,22 +219,9 @@ struct Consumer::Impl {
   // Takes the key, fingerprint or poison reason of a message.
   void Classify(Item& item) {
     const BrokerMessage& m = *item.message;
-    if (options.key_source.kind == KeySource::Kind::kHeader &&
-        options.fingerprint == FingerprintMode::kNone) {
-      // The common case, without building a Message: the key header, validated as KeyOf would.
-      for (const auto& [name, value] : m.headers) {
-        if (!core::HeaderNameEquals(name, options.key_source.name)) continue;
-        if (Status s = ValidateKey(value, options.max_key_bytes); !s.ok()) {
-          item.poison_reason = "bad_key";
-          item.poison_error = s.message();
-        } else {
-          item.key = value;
-        }
-        return;
-      }
-    }
-    std::vector<Header> headers;
-    headers.reserve(m.headers.size());
+    // The receiver's KeyOf reads headers as string_view pairs; one buffer serves every message.
+    std::vector<Header>& headers = header_scratch;
+    headers.clear();
     for (const auto& [name, value] : m.headers) headers.emplace_back(name, value);
     Message msg{.payload = m.payload, .headers = headers};
     auto fp = core::FingerprintFor(options.fingerprint, m.payload);

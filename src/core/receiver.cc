@@ -36,20 +36,19 @@ std::string_view DeliveryName(Delivery d) {
 
 namespace {
 
-using core::HeaderNameEquals;
-using core::Stopwatch;
-using core::StoreError;
-
-}  // namespace
-
-namespace core {
-
 bool HeaderNameEquals(std::string_view a, std::string_view b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
     auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; };
     return lower(x) == lower(y);
   });
 }
+
+using core::Stopwatch;
+using core::StoreError;
+
+}  // namespace
+
+namespace core {
 
 Status StoreError(const Status& s, std::string_view what) {
   if (s.code() == StatusCode::kInvalidArgument) return s;

@@ -17,9 +17,6 @@
 
 namespace idem::core {
 
-// Header names compare case-insensitively (ASCII), as HTTP's and brokers' do.
-bool HeaderNameEquals(std::string_view a, std::string_view b);
-
 // Store errors become kUnavailable (retry the call) unless they say the input is bad: the
 // receiver fails closed and never turns a store error into a guess.
 Status StoreError(const Status& s, std::string_view what);

@@ -708,14 +708,9 @@ Status ParseRoute(std::string_view file, const toml::table& t, Draft& draft,
 }
 
 Status ParseDraft(std::string_view text, std::string_view file, Draft& draft) {
-  toml::table root;
-  try {
-    root = toml::parse(text, std::string(file));
-  } catch (const toml::parse_error& e) {
-    return InvalidArgumentError(std::string(file) + ":" + std::to_string(e.source().begin.line) +
-                                ":" + std::to_string(e.source().begin.column) +
-                                ": TOML syntax error: " + std::string(e.description()));
-  }
+  auto parsed = ParseToml(text, file);
+  if (!parsed) return parsed.error();
+  const toml::table& root = *parsed;
   std::map<std::string, std::string> prefixes;
   for (auto [k, v] : InFileOrder(root)) {
     const std::string key(k->str());
@@ -779,6 +774,16 @@ Status Validate(const Draft& draft) {
                        origin("upstream_timeout") + ")" + std::string(kWhy));
   }
   return OkStatus();
+}
+
+Result<toml::table> ParseToml(std::string_view text, std::string_view file) {
+  try {
+    return toml::parse(text, std::string(file));
+  } catch (const toml::parse_error& e) {
+    return InvalidArgumentError(std::string(file) + ":" + std::to_string(e.source().begin.line) +
+                                ":" + std::to_string(e.source().begin.column) +
+                                ": TOML syntax error: " + std::string(e.description()));
+  }
 }
 
 Result<std::string> ReadFile(const std::string& path) {

@@ -42,6 +42,8 @@ Status ErrorAt(std::string_view where, std::string_view option, std::string_view
 std::vector<std::pair<const toml::key*, const toml::node*>> InFileOrder(const toml::table& t);
 // The whole file, or kInvalidArgument "PATH: cannot open: ...".
 Result<std::string> ReadFile(const std::string& path);
+// The parsed document, or kInvalidArgument "FILE:LINE:COLUMN: TOML syntax error: ...".
+Result<toml::table> ParseToml(std::string_view text, std::string_view file);
 
 }  // namespace idem::gateway::config_detail
 
