@@ -23,8 +23,10 @@
 //   X-Ledger-Status: S     answer with status S (200..599; 201 means "as usual") and record
 //                          nothing.
 // A charge is recorded only when the answer is 201.
+#include <pthread.h>
+#include <signal.h>
+
 #include <charconv>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -612,11 +614,13 @@ int Run(int argc, char** argv) {
   auto listener = std::make_shared<Listener>(ioc, std::move(acceptor), ledger);
   listener->Accept();
 
-  asio::signal_set signals(ioc, SIGINT, SIGTERM);
-  signals.async_wait([&](beast::error_code, int) {
-    listener->Stop();
-    ioc.stop();
-  });
+  // SIGINT and SIGTERM are blocked in every thread and taken by sigwait on this one: a signal
+  // handler (asio::signal_set) can miss a signal under TSan, which defers asynchronous signals.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   const std::string shown = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
                                                     : bound.address().to_string();
@@ -624,8 +628,13 @@ int Run(int argc, char** argv) {
   std::fflush(stdout);
 
   std::vector<std::thread> workers;
-  for (std::int64_t i = 1; i < threads; ++i) workers.emplace_back([&ioc] { ioc.run(); });
-  ioc.run();
+  for (std::int64_t i = 0; i < threads; ++i) workers.emplace_back([&ioc] { ioc.run(); });
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  asio::post(ioc, [&] {
+    listener->Stop();
+    ioc.stop();
+  });
   for (std::thread& t : workers) t.join();
   return 0;
 }
