@@ -47,6 +47,7 @@ Result<std::unique_ptr<log::WritableFile>> FaultyFileSystem::Append(const std::s
 
 Status FaultyFileSystem::Rename(const std::string& from, const std::string& to) {
   IDEM_RETURN_IF_ERROR(real_.Rename(from, to));
+  renames_.fetch_add(1);
   std::lock_guard g(mu_);
   if (auto it = synced_.find(from); it != synced_.end()) {
     synced_[to] = it->second;

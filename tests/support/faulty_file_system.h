@@ -28,6 +28,8 @@ class FaultyFileSystem final : public log::FileSystem {
   // sync through this file system fails.
   void PowerFail();
   std::uint64_t syncs() const { return syncs_.load(); }
+  // Renames done so far (the log store renames each snapshot it writes into place).
+  std::uint64_t renames() const { return renames_.load(); }
 
   Status CreateDir(const std::string& path) override { return real_.CreateDir(path); }
   Result<std::unique_ptr<log::DirLock>> Lock(const std::string& path) override {
@@ -53,6 +55,7 @@ class FaultyFileSystem final : public log::FileSystem {
   std::atomic<bool> fail_syncs_{false};
   std::atomic<bool> dead_{false};
   std::atomic<std::uint64_t> syncs_{0};
+  std::atomic<std::uint64_t> renames_{0};
   std::mutex mu_;
   std::map<std::string, std::uint64_t> synced_;  // path -> bytes known durable
 };

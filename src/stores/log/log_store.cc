@@ -135,6 +135,8 @@ class LogStore final : public Store {
   }
   void MaybeCompact();
   void CompactionLoop();
+  // Whether the log really outgrew the live data (see CompactionLoop).
+  bool StillOutgrown();
   Status Recover(Recovered* rec);
   // Replays one file into the engine; returns its size after any torn tail was cut off.
   Result<std::uint64_t> ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
@@ -163,8 +165,12 @@ class LogStore final : public Store {
   std::thread compactor_;
   std::atomic<std::uint64_t> base_bytes_{0};       // snapshot + segments at the last check point
   std::atomic<std::uint64_t> written_at_base_{0};  // writer bytes at that point
-  std::atomic<std::uint64_t> live_bytes_{0};       // size of the last snapshot
+  std::atomic<std::uint64_t> live_bytes_{0};       // the live data's size, as last estimated
   std::uint64_t snapshot_id_ = 0;                  // guarded by compacting_
+  // Size of the last snapshot and how many things (records, sessions, entities) it held; 0
+  // things: no snapshot since open. Guarded by compacting_.
+  std::uint64_t snapshot_bytes_ = 0;
+  std::uint64_t snapshot_things_ = 0;
   std::mutex compacting_;
 };
 
@@ -327,11 +333,43 @@ void LogStore::CompactionLoop() {
     compact_cv_.wait(lock, [&] { return stop_ || compact_wanted_; });
     if (stop_) return;
     lock.unlock();
-    Status s = Compact();
-    if (!s.ok()) Warn("compaction failed: " + s.ToString());
+    if (StillOutgrown()) {
+      Status s = Compact();
+      if (!s.ok()) Warn("compaction failed: " + s.ToString());
+    }
     lock.lock();
     compact_wanted_ = false;
   }
+}
+
+// MaybeCompact compares the log with the last snapshot's size, so every record written since
+// counts as garbage until a compaction proves otherwise; when most new records are new keys
+// (they still live), compacting then would only rewrite them. Here, off the callers' path, the
+// live data is estimated as the last snapshot's bytes per thing times the things the engine
+// holds now, and the log is compacted only if it outgrew that too. If not, the estimate
+// becomes the live size that MaybeCompact compares with, so the next check comes when the
+// log has grown by compact_ratio times it again.
+bool LogStore::StillOutgrown() {
+  std::uint64_t snap_bytes = 0;
+  std::uint64_t snap_things = 0;
+  {
+    std::lock_guard g(compacting_);
+    snap_bytes = snapshot_bytes_;
+    snap_things = snapshot_things_;
+  }
+  if (snap_things == 0) return true;
+  auto stats = engine_->Stats();
+  if (!stats) return true;
+  const std::uint64_t things =
+      stats->in_progress + stats->completed + stats->sessions + stats->entities;
+  const auto live =
+      static_cast<std::uint64_t>(static_cast<double>(snap_bytes) * static_cast<double>(things) /
+                                 static_cast<double>(snap_things));
+  const std::uint64_t disk =
+      base_bytes_.load() + writer_->bytes_written() - written_at_base_.load();
+  if (static_cast<double>(disk) >= options_.compact_ratio * static_cast<double>(live)) return true;
+  live_bytes_ = live;
+  return false;
 }
 
 Status LogStore::Compact() {
@@ -353,7 +391,9 @@ Status LogStore::Compact() {
     batch.Clear();
     return st;
   };
+  std::uint64_t things = 0;
   auto add = [&](const core::Change& c) -> Status {
+    if (c.type != core::ChangeType::kTokenFloor) ++things;
     scratch.clear();
     EncodeEntry(c, &scratch);
     batch.Add(static_cast<std::uint8_t>(c.type), scratch);
@@ -387,6 +427,8 @@ Status LogStore::Compact() {
     if (f.id < *closed) IDEM_RETURN_IF_ERROR(fs_.Remove(Path(f.name)));
   }
   snapshot_id_ = *closed;
+  snapshot_bytes_ = snap_bytes;
+  snapshot_things_ = things;
   live_bytes_ = snap_bytes;
   base_bytes_ = snap_bytes;
   written_at_base_ = written_then;

@@ -100,6 +100,8 @@ class LogWriter {
   // through `lock`) until the callers of the last batch have appended again, or for at most
   // one sync's time.
   void Gather(std::unique_lock<std::mutex>& lock);
+  // Under sync=none, before taking the pending batch: lets it fill (mu_ held through `lock`).
+  void Linger(std::unique_lock<std::mutex>& lock);
   // After batch of `count` entries became durable and its callers were woken (mu_ held).
   void ExpectCallersBack(std::uint32_t count);
 
@@ -120,6 +122,7 @@ class LogWriter {
   SteadyTime woke_at_;
   SteadyTime back_at_;
   bool gathering_ = false;                  // the flusher waits in Gather
+  bool lingering_ = false;                  // the flusher waits in Linger
   std::chrono::nanoseconds back_time_{0};   // flusher: moving average of callers' return time
   std::chrono::nanoseconds flush_time_{0};  // flusher: moving average of write + sync
   std::uint64_t next_ticket_ = 1;
