@@ -8,6 +8,10 @@
 //                             sharing one store, so concurrent callers share a group commit.
 //                             Compare with raw_append/batch:<callers>: a cycle is two log
 //                             records (Begin's and Complete's).
+//   log_store/sync:always/batch:100   idem's batch API, as the batch:100 peers get it: per
+//                             group of 100 keys one BeginBatch, then one CompleteBatch
+//                             (each answer durable before it is given); 1/16/64 threads,
+//                             each on its own keys. items = cycles (keys).
 //   rocksdb/batch:100         per key Get (absent), then for each group of 100 keys one synced
 //                             WriteBatch of 100 Put(reserved) and one of 100 Put(completed);
 //                             WriteOptions.sync = true; 1/16/64 threads, each on its own keys.
@@ -369,6 +373,60 @@ void BM_LogStore(benchmark::State& state, idem::SyncMode sync) {
   }
 }
 
+// One iteration: BeginBatch of `batch` new keys (all must be Acquired), then CompleteBatch.
+void BM_LogStoreBatch(benchmark::State& state, std::size_t batch) {
+  if (state.thread_index() == 0) {
+    g_log_run = new LogRun("log", TotalIterations(state) * batch);
+    idem::LogStoreOptions options;
+    options.dir = g_log_run->dir.path();
+    options.sync = idem::SyncMode::kAlways;
+    idem::Result<std::unique_ptr<idem::Store>> store = idem::OpenLogStore(options);
+    if (store.has_value()) {
+      g_log_run->store = *std::move(store);
+    } else {
+      g_log_run->setup_error = "OpenLogStore: " + store.error().ToString();
+    }
+    g_log_run->io_before = ReadIo();
+  }
+  std::vector<idem::BeginRequest> begins(batch);
+  std::vector<idem::CompleteRequest> completes(batch);
+  std::uint64_t first = FirstIteration(state) * batch;
+  RunClock clock;
+  for (auto _ : state) {
+    clock.Start();
+    LogRun& run = *g_log_run;
+    if (run.store == nullptr) {
+      ++run.errors;
+      continue;
+    }
+    for (std::size_t j = 0; j < batch; ++j) begins[j].key = run.keys[first + j];
+    const std::vector<idem::Result<idem::BeginAnswer>> acquired = run.store->BeginBatch(begins);
+    for (std::size_t j = 0; j < batch; ++j) {
+      const auto* a =
+          acquired[j].has_value() ? std::get_if<idem::Acquired>(&*acquired[j]) : nullptr;
+      if (a == nullptr) {
+        ++run.errors;
+        continue;
+      }
+      completes[j].key = run.keys[first + j];
+      completes[j].token = a->token;
+      completes[j].response = Response(first + j);
+    }
+    for (const idem::Result<idem::WriteAnswer>& w : run.store->CompleteBatch(completes)) {
+      if (!w.has_value() || *w != idem::WriteAnswer::kApplied) ++run.errors;
+    }
+    first += batch;
+  }
+  clock.Report(state);
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));
+  if (state.thread_index() == 0) {
+    g_log_run->store.reset();
+    Finish(state, *g_log_run, TotalIterations(state) * batch, DirBytes(g_log_run->dir.path()), 2);
+    delete g_log_run;
+    g_log_run = nullptr;
+  }
+}
+
 // ---- RocksDB ----
 
 struct RocksRun : RunBase {
@@ -677,6 +735,12 @@ void Register() {
     RegisterBenchmark("log_store/sync:always", BM_LogStore, idem::SyncMode::kAlways)
         ->Threads(threads)
         ->Iterations(per_caller)
+        ->UseManualTime();
+  }
+  for (int threads : {1, 16, 64}) {
+    RegisterBenchmark("log_store/sync:always/batch:100", BM_LogStoreBatch, kPeerBatch)
+        ->Threads(threads)
+        ->Iterations(split(peer_keys / kPeerBatch, threads))
         ->UseManualTime();
   }
   for (int threads : {1, 16, 64}) {

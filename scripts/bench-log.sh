@@ -71,6 +71,8 @@ print(f"{'':28}{'1':>12}{'16':>12}{'64':>12}")
 rows = [
     ("idem log, sync=always", "log_store/sync:always", "items_per_second"),
     ("  log records per write()", "log_store/sync:always", "records_per_write"),
+    ("idem log, batch API 100", "log_store/sync:always/batch:100", "items_per_second"),
+    ("  log records per write()", "log_store/sync:always/batch:100", "records_per_write"),
     ("raw append, batch=callers", None, None),
     ("RocksDB, batch 100", "rocksdb/batch:100", "items_per_second"),
     ("RocksDB, batch 1 (context)", "rocksdb/batch:1", "items_per_second"),
@@ -107,6 +109,13 @@ target("idem records/s (2 a cycle) / raw batch 64", ratio(None if idem64 is None
        ">= 50%", lambda v: v >= 0.5, lambda v: "-" if v is None else f"{100 * v:.0f}%")
 target("  stricter: idem cycles/s / raw batch 64", ratio(idem64, raw64), "(>= 50%)",
        lambda v: v >= 0.5, lambda v: "-" if v is None else f"{100 * v:.0f}%")
+batch64 = get("log_store/sync:always/batch:100", 64)
+print("the same with idem's batch API, 100 keys a call (as the peers batch them):")
+target("  idem batch 100 cycles/s", batch64, "(>= 100k)", lambda v: v >= 100e3, num)
+target("  idem batch 100 / RocksDB batch 100", ratio(batch64, get("rocksdb/batch:100", 64)),
+       "(>= 2x)", lambda v: v >= 2, lambda v: "-" if v is None else f"{v:.2f}x")
+target("  idem batch 100 / SQLite batch 100", ratio(batch64, get("sqlite/batch:100", 64)),
+       "(>= 4x)", lambda v: v >= 4, lambda v: "-" if v is None else f"{v:.2f}x")
 target("idem sync=none cycles/s, 2 threads", nosync2, ">= 1M", lambda v: v >= 1e6, num)
 target(f"recovery open, {num(records)} records, warm cache", warm, "<= 5 s", lambda v: v <= 5,
        lambda v: "-" if v is None else f"{v:.2f} s")
