@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -41,6 +42,12 @@ struct StoreStats {
   std::uint64_t bytes = 0;  // memory or disk the store uses for records, best estimate
 };
 
+// The answers of Store::StartBatch.
+struct BatchAnswers {
+  std::vector<Result<BeginAnswer>> begins;
+  std::vector<Result<WriteAnswer>> completes;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -66,6 +73,17 @@ class Store {
   // The default runs the requests one by one.
   virtual std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs);
   virtual std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs);
+  // Both batch forms in one call, for callers that must not block (an event loop). The
+  // answers are those of BeginBatch(begins) followed by CompleteBatch(completes), and the two
+  // share one group commit where the store has one. The requests are read before StartBatch
+  // returns; `done` gets the answers once they may be given (for a durable store: once the
+  // changes behind them are durable), exactly once, on any thread, possibly before StartBatch
+  // returns. It must not block: hand the answers over and return. A store whose calls would
+  // block the caller (on a network round trip) returns false without calling `done`; the
+  // caller then uses the blocking calls on threads of its own. The default returns false.
+  virtual bool StartBatch(std::span<const BeginRequest> begins,
+                          std::span<const CompleteRequest> completes,
+                          std::function<void(BatchAnswers)> done);
 
   // ---- operator calls ----
   // The live record, or nullopt when absent or expired.

@@ -43,4 +43,9 @@ std::vector<Result<WriteAnswer>> Store::CompleteBatch(std::span<const CompleteRe
   return out;
 }
 
+bool Store::StartBatch(std::span<const BeginRequest>, std::span<const CompleteRequest>,
+                       std::function<void(BatchAnswers)>) {
+  return false;
+}
+
 }  // namespace idem

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <latch>
 #include <limits>
 #include <map>
@@ -778,6 +779,65 @@ TEST_P(StoreContractTest, CompleteBatchWithDuplicateKeyAppliesOnce) {
   EXPECT_THAT(got[0], IsApplied());
   EXPECT_THAT(got[1], IsLeaseLost());
   ExpectStored("k", Completed(Held("k", a, t0), t0, "first"));
+}
+
+// StartBatch answers as BeginBatch then CompleteBatch do (begins first: a begin on a key the
+// same call completes finds it in progress), or declines without calling back and changes
+// nothing.
+TEST_P(StoreContractTest, StartBatchAnswersAsBeginBatchThenCompleteBatch) {
+  const Timestamp t0 = clock_.Now();
+  const Acquired a = Acquire("a");
+  const Acquired b = Acquire("b");
+  const Acquired replay = Acquire("replay");
+  Finish("replay", replay.token, "stored");
+  clock_.Advance(1s);
+  const Timestamp t1 = clock_.Now();
+
+  const std::vector<BeginRequest> begins = {BeginOf("new1"), BeginOf("a"), BeginOf(""),
+                                            BeginOf("replay")};
+  const std::vector<CompleteRequest> completes = {CompleteOf("a", a.token, "A"),
+                                                  CompleteOf("b", b.token + 1, "thief")};
+  // Shared with the callback, which may outlive a failed test.
+  auto promise = std::make_shared<std::promise<BatchAnswers>>();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  std::future<BatchAnswers> future = promise->get_future();
+  const bool started =
+      store_->StartBatch(begins, completes, [promise, calls](BatchAnswers answers) {
+        if (calls->fetch_add(1) == 0) promise->set_value(std::move(answers));
+      });
+  if (!started) {
+    EXPECT_EQ(calls->load(), 0);
+    ExpectAbsent("new1");
+    ExpectStored("a", Held("a", a, t0));
+    return;
+  }
+  ASSERT_EQ(future.wait_for(30s), std::future_status::ready) << "done was never called";
+  const BatchAnswers got = future.get();
+  ASSERT_THAT(got.begins, SizeIs(begins.size()));
+  ASSERT_THAT(got.completes, SizeIs(completes.size()));
+  const Acquired new1 = ExpectAcquired(got.begins[0]);
+  EXPECT_THAT(ExpectBusy(got.begins[1]).lease_deadline, At(t0 + kLease));
+  EXPECT_THAT(got.begins[2], StatusIs(StatusCode::kInvalidArgument, HasSubstr("key is empty")));
+  EXPECT_THAT(ExpectReplay(got.begins[3]), ReplayIs(Replay{Outcome::kSuccess, "stored", 1}));
+  EXPECT_THAT(got.completes[0], IsApplied());
+  EXPECT_THAT(got.completes[1], IsLeaseLost());
+  EXPECT_EQ(calls->load(), 1);
+
+  ExpectStored("new1", Held("new1", new1, t1));
+  ExpectStored("a", Completed(Held("a", a, t0), t1, "A"));
+  ExpectStored("b", Held("b", b, t0));
+
+  // Either side may be empty.
+  auto only_begins = std::make_shared<std::promise<BatchAnswers>>();
+  std::future<BatchAnswers> f2 = only_begins->get_future();
+  ASSERT_TRUE(store_->StartBatch(
+      std::vector<BeginRequest>{BeginOf("new2")}, {},
+      [only_begins](BatchAnswers answers) { only_begins->set_value(std::move(answers)); }));
+  ASSERT_EQ(f2.wait_for(30s), std::future_status::ready);
+  const BatchAnswers got2 = f2.get();
+  ASSERT_THAT(got2.begins, SizeIs(1u));
+  EXPECT_THAT(got2.completes, IsEmpty());
+  ExpectAcquired(got2.begins[0]);
 }
 
 TEST_P(StoreContractTest, EmptyBatchesAnswerNothing) {

@@ -34,8 +34,27 @@ class LogJournal final : public core::Journal {
   }
   std::uint64_t Last() override { return writer_ != nullptr ? writer_->LastTicket() : 0; }
   Status Wait(std::uint64_t ticket) override {
+    if (deferring == this) {
+      deferred_ticket = std::max(deferred_ticket, ticket);
+      return health();
+    }
     return writer_ != nullptr && ticket != 0 ? writer_->Wait(ticket) : OkStatus();
   }
+
+  // While one lives, this thread's Wait()s on `journal` do not block: they note the ticket,
+  // and the caller hands ticket() to LogWriter::WhenDurable instead. The engine's answers
+  // must then not be given before that says so.
+  class Deferred {
+   public:
+    explicit Deferred(LogJournal& journal) {
+      deferring = &journal;
+      deferred_ticket = 0;
+    }
+    ~Deferred() { deferring = nullptr; }
+    Deferred(const Deferred&) = delete;
+    Deferred& operator=(const Deferred&) = delete;
+    std::uint64_t ticket() const { return deferred_ticket; }
+  };
   Status health() override { return writer_ != nullptr ? writer_->health() : OkStatus(); }
   void BeginGroup() override {
     if (writer_ != nullptr) writer_->HoldWakes();
@@ -45,8 +64,14 @@ class LogJournal final : public core::Journal {
   }
 
  private:
+  static thread_local LogJournal* deferring;
+  static thread_local std::uint64_t deferred_ticket;
   LogWriter* writer_ = nullptr;
 };
+
+// static
+thread_local LogJournal* LogJournal::deferring = nullptr;
+thread_local std::uint64_t LogJournal::deferred_ticket = 0;
 
 struct Recovered {
   std::uint64_t snapshot_id = 0;        // 0: none
@@ -83,6 +108,36 @@ class LogStore final : public Store {
   }
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> r) override {
     return After(engine_->CompleteBatch(r));
+  }
+  // The engine decides on this thread, without waiting; the flusher hands the answers over
+  // once the changes behind them (or the state they read) are durable, failing them all if
+  // that cannot be. Begins and completes are one group: one sync for both.
+  bool StartBatch(std::span<const BeginRequest> begins, std::span<const CompleteRequest> completes,
+                  std::function<void(BatchAnswers)> done) override {
+    auto answers = std::make_shared<BatchAnswers>();
+    std::uint64_t ticket = 0;
+    {
+      LogJournal::Deferred deferred(journal_);
+      journal_.BeginGroup();
+      if (!begins.empty()) answers->begins = engine_->BeginBatch(begins);
+      if (!completes.empty()) answers->completes = engine_->CompleteBatch(completes);
+      journal_.EndGroup();
+      ticket = deferred.ticket();
+    }
+    MaybeCompact();
+    writer_->WhenDurable(ticket, [answers = std::move(answers),
+                                  done = std::move(done)](const Status& durable) mutable {
+      if (!durable.ok()) {
+        for (auto& a : answers->begins) {
+          if (a.has_value()) a = durable;
+        }
+        for (auto& a : answers->completes) {
+          if (a.has_value()) a = durable;
+        }
+      }
+      done(std::move(*answers));
+    });
+    return true;
   }
   Result<std::optional<Record>> Get(std::string_view s, std::string_view k) override {
     return engine_->Get(s, k);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -309,6 +310,80 @@ TEST_F(LogStoreTest, ASyncErrorIsDataLossAndFailsClosed) {
   faulty.FailSyncs(false);
   auto b = (*s)->Begin({"t", "other", std::nullopt, kLease});
   ASSERT_FALSE(b);  // sticky until reopened
+}
+
+// StartBatch's answers, from the flusher: they come only once durable (a failed sync fails
+// every answer that depended on it, and only those), begins and completes share one sync, and
+// what was answered survives a power failure.
+bool IsAcquiredAnswer(const Result<BeginAnswer>& a) {
+  return a.has_value() && std::holds_alternative<Acquired>(*a);
+}
+
+// Aborts the test (no hang) when the answers do not come.
+BatchAnswers StartAndWait(Store& s, std::span<const BeginRequest> begins,
+                          std::span<const CompleteRequest> completes) {
+  auto promise = std::make_shared<std::promise<BatchAnswers>>();
+  std::future<BatchAnswers> f = promise->get_future();
+  EXPECT_TRUE(s.StartBatch(begins, completes,
+                           [promise](BatchAnswers a) { promise->set_value(std::move(a)); }));
+  if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    ADD_FAILURE() << "StartBatch's answers did not come within 30 s";
+    std::abort();
+  }
+  return f.get();
+}
+
+TEST_F(LogStoreTest, StartBatchSharesOneSyncAndSurvivesAPowerFailure) {
+  FaultyFileSystem faulty;
+  std::vector<std::string> keys;
+  std::vector<BeginRequest> begins;
+  for (int i = 0; i < 50; ++i) keys.push_back("k" + std::to_string(i));
+  for (const std::string& k : keys) begins.push_back({"t", k, std::nullopt, kLease});
+  {
+    auto s = log::OpenLogStoreWith(Options(SyncMode::kAlways), faulty);
+    ASSERT_TRUE(s);
+    const BatchAnswers first = StartAndWait(**s, begins, {});
+    std::vector<CompleteRequest> completes;
+    std::vector<std::string> responses;
+    for (std::size_t i = 0; i < keys.size(); ++i) responses.push_back("response-" + keys[i]);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_TRUE(IsAcquiredAnswer(first.begins[i]));
+      completes.push_back({"t", keys[i], std::get<Acquired>(*first.begins[i]).token,
+                           Outcome::kSuccess, responses[i], kRetention});
+    }
+    const std::vector<BeginRequest> more = {{"t", "late", std::nullopt, kLease}};
+    const std::uint64_t syncs = faulty.syncs();
+    const BatchAnswers second = StartAndWait(**s, more, completes);
+    EXPECT_EQ(faulty.syncs() - syncs, 1u) << "the begins and the completes share one sync";
+    ASSERT_TRUE(IsAcquiredAnswer(second.begins[0]));
+    for (const auto& c : second.completes)
+      EXPECT_TRUE(c.has_value() && *c == WriteAnswer::kApplied);
+    faulty.PowerFail();
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  for (const std::string& k : keys) ExpectReplay(*s, k);
+  auto late = s->Begin({"t", "late", std::nullopt, kLease});
+  ASSERT_TRUE(late);
+  EXPECT_TRUE(std::holds_alternative<Busy>(*late)) << "its Acquired was answered, so it is held";
+}
+
+TEST_F(LogStoreTest, StartBatchFailsTheAnswersOfAFailedSync) {
+  FaultyFileSystem faulty;
+  auto s = log::OpenLogStoreWith(Options(), faulty);
+  ASSERT_TRUE(s);
+  faulty.FailSyncs(true);
+  const std::vector<BeginRequest> begins = {{"t", "k", std::nullopt, kLease},
+                                            {"t", "", std::nullopt, kLease}};
+  const BatchAnswers got = StartAndWait(**s, begins, {});
+  ASSERT_EQ(got.begins.size(), 2u);
+  ASSERT_FALSE(got.begins[0].has_value()) << "an Acquired that is not on disk is not given";
+  EXPECT_EQ(got.begins[0].error().code(), StatusCode::kDataLoss);
+  ASSERT_FALSE(got.begins[1].has_value());
+  EXPECT_EQ(got.begins[1].error().code(), StatusCode::kInvalidArgument);
+  // Fail closed from then on, without blocking either.
+  const BatchAnswers after = StartAndWait(**s, std::vector<BeginRequest>{begins[0]}, {});
+  ASSERT_FALSE(after.begins[0].has_value());
 }
 
 TEST_F(LogStoreTest, SyncAlwaysSurvivesAPowerFailure) {

@@ -184,6 +184,49 @@ Status LogWriter::Wait(std::uint64_t ticket) {
   }
 }
 
+void LogWriter::WhenDurable(std::uint64_t ticket, std::function<void(Status)> done) {
+  if (options_.sync != SyncMode::kNone && ticket != 0) {
+    std::lock_guard lock(mu_);
+    if (failed_.ok() && durable_.load(std::memory_order_relaxed) < ticket) {
+      if (stop_) {
+        // Only a caller racing the store's destruction gets here.
+        done(UnavailableError("log store closed"));
+        return;
+      }
+      callbacks_.push_back({ticket, std::move(done)});
+      return;
+    }
+  }
+  done(health());
+}
+
+std::vector<LogWriter::Callback> LogWriter::TakeDue(bool everything) {
+  std::vector<Callback> due;
+  if (callbacks_.empty()) return due;
+  const std::uint64_t durable = durable_.load(std::memory_order_relaxed);
+  const bool all = everything || !failed_.ok();
+  auto keep = std::partition(callbacks_.begin(), callbacks_.end(),
+                             [&](const Callback& c) { return !all && c.ticket > durable; });
+  due.reserve(static_cast<std::size_t>(callbacks_.end() - keep));
+  for (auto it = keep; it != callbacks_.end(); ++it) due.push_back(std::move(*it));
+  callbacks_.erase(keep, callbacks_.end());
+  return due;
+}
+
+void LogWriter::CallDue(std::vector<Callback>& due) {
+  if (due.empty()) return;
+  const Status st = health();
+  const std::uint64_t durable = durable_.load(std::memory_order_acquire);
+  for (Callback& c : due) {
+    if (st.ok() && c.ticket > durable) {
+      c.done(UnavailableError("log store closed before the change was written"));
+    } else {
+      c.done(st);
+    }
+  }
+  due.clear();
+}
+
 void LogWriter::WakeWaiters(std::uint64_t ticket) {
   std::atomic<std::uint32_t>& word = done_word_[ticket & 1];
   word.fetch_add(1, std::memory_order_release);
@@ -227,7 +270,7 @@ void LogWriter::FlusherLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
     auto has_work = [&] {
-      return stop_ || pending_ticket_ != 0 ||
+      return stop_ || pending_ticket_ != 0 || (!failed_.ok() && !callbacks_.empty()) ||
              (rotate_wanted_ && durable_.load(std::memory_order_relaxed) >= rotate_after_);
     };
     if (options_.sync == SyncMode::kInterval && dirty_) {
@@ -236,6 +279,10 @@ void LogWriter::FlusherLoop() {
       work_cv_.wait(lock, has_work);
     }
     if (!failed_.ok()) {
+      std::vector<Callback> due = TakeDue();
+      lock.unlock();
+      CallDue(due);
+      lock.lock();
       if (stop_) return;
       // Nothing more can be written; drop what callers keep appending.
       pending_.Clear();
@@ -285,8 +332,10 @@ void LogWriter::FlusherLoop() {
       durable_.store(ticket, std::memory_order_release);
       // Before the wake, so that what is pending now does not count the woken callers.
       if (options_.sync == SyncMode::kAlways) ExpectCallersBack(count);
+      std::vector<Callback> due = TakeDue();
       lock.unlock();
       if (options_.sync != SyncMode::kNone) WakeWaiters(ticket);  // none: nobody waits
+      CallDue(due);
       // While the callers just woken come back with their next entries.
       if (options_.sync != SyncMode::kNone) s = file_->Reserve(kReserveAhead);
       lock.lock();
@@ -320,6 +369,11 @@ void LogWriter::FlusherLoop() {
       rotate_cv_.notify_all();
     }
     if (stop_ && pending_ticket_ == 0) {
+      // Everything appended is durable by now (or the log failed above).
+      std::vector<Callback> due = TakeDue(/*everything=*/true);
+      lock.unlock();
+      CallDue(due);
+      lock.lock();
       if (failed_.ok()) {
         lock.unlock();
         // Best effort: a reopen cuts off reserved zeros left behind anyway.

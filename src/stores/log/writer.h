@@ -26,11 +26,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "idem/stores/log.h"
 #include "stores/log/batch.h"
@@ -66,6 +68,9 @@ class LogWriter {
   std::uint64_t LastTicket() const { return last_ticket_.load(std::memory_order_acquire); }
   // Blocks until `ticket` is durable per the sync mode, or the log failed.
   Status Wait(std::uint64_t ticket);
+  // Wait() without blocking: calls `done` with what Wait(ticket) would return, exactly once,
+  // at once if that is known already, else on the flusher thread once it is.
+  void WhenDurable(std::uint64_t ticket, std::function<void(Status)> done);
   // A batch of Appends from this thread: between HoldWakes() and ReleaseWakes() an Append does
   // not wake the flusher (which would sync the first entry alone and leave the rest for a
   // second sync); ReleaseWakes() does, if one was held back. Call ReleaseWakes() before Wait().
@@ -89,6 +94,15 @@ class LogWriter {
   Status OpenSegment(std::uint64_t id);
   void FlusherLoop();
   void Fail(const Status& s);  // mu_ held
+  struct Callback {
+    std::uint64_t ticket;
+    std::function<void(Status)> done;
+  };
+  // Takes the callbacks whose answer is known: ticket durable, or the log failed; with
+  // `everything`, all of them (the writer stops) (mu_ held).
+  std::vector<Callback> TakeDue(bool everything = false);
+  // Calls what TakeDue() took, without mu_.
+  void CallDue(std::vector<Callback>& due);
 
   FileSystem& fs_;
   const std::string dir_;
@@ -113,6 +127,7 @@ class LogWriter {
   // publishing durable_ (so a waiter that read the old word value cannot miss the wake).
   std::atomic<std::uint32_t> done_word_[2] = {0, 0};
   BatchBuilder pending_;              // guarded by mu_
+  std::vector<Callback> callbacks_;   // WhenDurable's, not yet due; guarded by mu_
   std::uint64_t pending_ticket_ = 0;  // ticket of the pending batch (0: empty)
   // Gathering (sync=always). The callers of the last batch are back when pending_ holds
   // back_target_ entries; Append notes when (back_at_), so the flusher learns how long they

@@ -511,6 +511,17 @@ class MemoryStore final : public memory_internal::Engine {
                              std::chrono::milliseconds lease) override;
   std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs) override;
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
+  // Without a journal nothing blocks: the answers are ready at once. A journaled engine
+  // blocks on durability; the store around it (the log store) starts batches itself.
+  bool StartBatch(std::span<const BeginRequest> begins, std::span<const CompleteRequest> completes,
+                  std::function<void(BatchAnswers)> done) override {
+    if (journal_ != nullptr) return false;
+    BatchAnswers answers;
+    if (!begins.empty()) answers.begins = BeginBatch(begins);
+    if (!completes.empty()) answers.completes = CompleteBatch(completes);
+    done(std::move(answers));
+    return true;
+  }
 
   Result<std::optional<Record>> Get(std::string_view scope, std::string_view key) override;
   Result<std::vector<Record>> List(const ListFilter& filter) override;
