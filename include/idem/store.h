@@ -74,10 +74,11 @@ class Store {
   virtual std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs);
   virtual std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs);
   // Both batch forms in one call, for callers that must not block (an event loop). The
-  // answers are those of BeginBatch(begins) followed by CompleteBatch(completes), and the two
-  // share one group commit where the store has one. The requests are read before StartBatch
-  // returns; `done` gets the answers once they may be given (for a durable store: once the
-  // changes behind them are durable), exactly once, on any thread, possibly before StartBatch
+  // answers are those of CompleteBatch(completes) followed by BeginBatch(begins) (finish what
+  // is done, then start what is new: a begin of a key completed in the same call replays it),
+  // and the two share one group commit where the store has one. The requests are read before
+  // StartBatch returns; `done` gets the answers once they may be given (for a durable store: once
+  // the changes behind them are durable), exactly once, on any thread, possibly before StartBatch
   // returns. It must not block: hand the answers over and return. A store whose calls would
   // block the caller (on a network round trip) returns false without calling `done`; the
   // caller then uses the blocking calls on threads of its own. The default returns false.

@@ -233,8 +233,8 @@ const std::vector<Option>& Options() {
       {"threads", Kind::kCount, &Config::threads, "N", "I/O threads; 0 = one per core", 0,
        kMaxThreads},
       {"store_threads", Kind::kCount, &Config::store_threads, "N",
-       "threads that call the store, each with one batch of the waiting requests' store "
-       "operations; 0 = call the store inline",
+       "batches of the waiting requests' store operations in flight at once, and the threads "
+       "that call a store that blocks (Redis, PostgreSQL); 0 = call the store inline",
        0, kMaxStoreThreads},
       {"principal_header", Kind::kHeaderName, &Config::principal_header, "NAME",
        "request header whose value's hash scopes keys (a credential or tenant id)"},

@@ -409,9 +409,11 @@ class StoreBatcher {
   };
 
  public:
+  // `started` counts the batches handed to the store's StartBatch whose answers have not
+  // come back yet (shared by every I/O thread; shutdown waits for it to reach 0).
   StoreBatcher(asio::io_context& io, asio::thread_pool& pool, Store& store,
-               std::size_t max_in_flight)
-      : io_(io), pool_(pool), store_(store), max_in_flight_(max_in_flight) {}
+               std::size_t max_in_flight, std::atomic<int>& started)
+      : io_(io), pool_(pool), store_(store), max_in_flight_(max_in_flight), started_(started) {}
 
   awaitable<Result<BeginAnswer>> Begin(const BeginRequest& req) {
     Op op{.kind = Op::kBegin, .begin = &req};
@@ -460,18 +462,46 @@ class StoreBatcher {
       ++in_flight_;
       auto batch = std::make_shared<Batch>(std::move(queue_));
       queue_.clear();
+      if (can_start_ && Start(batch)) continue;
       asio::post(pool_, [this, batch] {
         Run(*batch);
-        asio::post(io_, [this, batch] {
-          --in_flight_;
-          for (Op* op : *batch) {
-            std::unique_ptr<Resume> done = std::move(op->done);
-            (*done)();  // resumes the caller, which may free `op`
-          }
-          Dispatch();
-        });
+        asio::post(io_, [this, batch] { Finish(*batch); });
       });
     }
+  }
+
+  // On the I/O thread, once the batch's answers are in its ops.
+  void Finish(Batch& batch) {
+    --in_flight_;
+    for (Op* op : batch) {
+      std::unique_ptr<Resume> done = std::move(op->done);
+      (*done)();  // resumes the caller, which may free `op`
+    }
+    Dispatch();
+  }
+
+  // Hands the batch to a store that can take it without blocking (the log store): its
+  // begins and completes share one group commit, and the answers come back from the store's
+  // flusher, with no store thread in between. False: use a store thread (releases, which are
+  // rare, always do; a store that declines once is not asked again).
+  bool Start(const std::shared_ptr<Batch>& batch) {
+    std::vector<BeginRequest> begins;
+    std::vector<CompleteRequest> completes;
+    for (Op* op : *batch) {
+      if (op->kind == Op::kRelease) return false;
+      if (op->kind == Op::kBegin) begins.push_back(*op->begin);
+      if (op->kind == Op::kComplete) completes.push_back(*op->complete);
+    }
+    started_.fetch_add(1);
+    can_start_ = store_.StartBatch(begins, completes, [this, batch](BatchAnswers answers) {
+      asio::post(io_, [this, batch, answers = std::move(answers)]() mutable {
+        Deliver(*batch, answers.begins, answers.completes);
+        Finish(*batch);
+      });
+      started_.fetch_sub(1);
+    });
+    if (!can_start_) started_.fetch_sub(1);
+    return can_start_;
   }
 
   // On a store thread.
@@ -488,6 +518,13 @@ class StoreBatcher {
     if (begins.size() > 1) began = store_.BeginBatch(begins);
     if (completes.size() == 1) completed.push_back(store_.Complete(completes[0]));
     if (completes.size() > 1) completed = store_.CompleteBatch(completes);
+    Deliver(batch, began, completed);
+  }
+
+  // Puts the answers (in the batch's order of begins and of completes) into the ops, and runs
+  // the releases.
+  void Deliver(Batch& batch, std::vector<Result<BeginAnswer>>& began,
+               std::vector<Result<WriteAnswer>>& completed) {
     std::size_t b = 0, c = 0;
     for (Op* op : batch) {
       switch (op->kind) {
@@ -508,7 +545,9 @@ class StoreBatcher {
   asio::thread_pool& pool_;
   Store& store_;
   std::size_t max_in_flight_;
+  std::atomic<int>& started_;
   std::size_t in_flight_ = 0;
+  bool can_start_ = true;
   Batch queue_;
 };
 
@@ -546,6 +585,7 @@ struct Server::Impl {
   Endpoint bound{}, admin_bound{};
   std::atomic<bool> draining{false};
   std::atomic<int> busy_requests{0};
+  std::atomic<int> started_batches{0};  // handed to Store::StartBatch, answers not yet back
   std::once_flag shutdown_once;
 
   // Store calls: through the I/O thread's batcher, or inline (memory store, store_threads 0).
@@ -965,7 +1005,8 @@ struct Server::Impl {
       w->pool.emplace(w->io, upstream, idle_per_thread, metrics);
       if (store_pool) {
         w->batcher.emplace(w->io, *store_pool, store,
-                           std::max<std::size_t>(1, config.store_threads / threads));
+                           std::max<std::size_t>(1, config.store_threads / threads),
+                           started_batches);
       }
       workers.push_back(std::move(w));
     }
@@ -1024,6 +1065,9 @@ struct Server::Impl {
       }
       if (admin) admin->Stop();
       if (store_pool) store_pool->join();
+      // The store calls back for every batch it started (failing them if it cannot write),
+      // and the callbacks touch the batchers: wait for them before the workers go.
+      while (started_batches.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       log.Write(Level::kInfo, "event=stopped");
     });
   }

@@ -139,7 +139,21 @@ class GatewayTest : public ::testing::Test {
   std::uint16_t ledger_port_ = 0, port_ = 0, admin_port_ = 0;
 };
 
-TEST_F(GatewayTest, FirstRequestIsForwardedAndARetryReplaysIt) {
+// The behaviour of SPEC §6 on each store idemd can use without a server: the memory store
+// (called inline) and the log store (batches through Store::StartBatch, answers from its
+// flusher).
+class GatewayStoresTest : public GatewayTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(GatewayTest::SetUp());
+    if (GetParam() == "log") store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Stores, GatewayStoresTest, ::testing::Values("memory", "log"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST_P(GatewayStoresTest, FirstRequestIsForwardedAndARetryReplaysIt) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   const HttpResponse first = Charge("order-1");
   ASSERT_EQ(first.status, 201) << first.body;
@@ -159,7 +173,7 @@ TEST_F(GatewayTest, FirstRequestIsForwardedAndARetryReplaysIt) {
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
-TEST_F(GatewayTest, KeyReusedForADifferentRequestIs422) {
+TEST_P(GatewayStoresTest, KeyReusedForADifferentRequestIs422) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   ASSERT_EQ(Charge("order-2").status, 201);
   const HttpResponse other_body = Charge("order-2", R"({"account":"acc-1","amount":9999})");
@@ -173,7 +187,7 @@ TEST_F(GatewayTest, KeyReusedForADifferentRequestIs422) {
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
-TEST_F(GatewayTest, MissingOrMalformedKeysAre400AndNeverReachTheUpstream) {
+TEST_P(GatewayStoresTest, MissingOrMalformedKeysAre400AndNeverReachTheUpstream) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd({"--max-key-bytes", "16"}));
   const HttpHeaders json = {{"Content-Type", "application/json"}};
   const HttpResponse missing = Send("POST", "/charges", json, kCharge);
@@ -198,7 +212,7 @@ TEST_F(GatewayTest, MissingOrMalformedKeysAre400AndNeverReachTheUpstream) {
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
-TEST_F(GatewayTest, IdempotentMethodsPassThroughUntouched) {
+TEST_P(GatewayStoresTest, IdempotentMethodsPassThroughUntouched) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   ASSERT_EQ(Charge("order-3").status, 201);
   const HttpResponse list = Send("GET", "/charges", {});
@@ -208,7 +222,7 @@ TEST_F(GatewayTest, IdempotentMethodsPassThroughUntouched) {
   EXPECT_EQ(Send("GET", "/charges/count", {}).body, Send("GET", "/charges/count", {}).body);
 }
 
-TEST_F(GatewayTest, RetryWhileTheFirstIsUpstreamIs409) {
+TEST_P(GatewayStoresTest, RetryWhileTheFirstIsUpstreamIs409) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   std::thread slow([&] {
     const HttpResponse r = Charge("order-4", kCharge, {{"X-Ledger-Delay-Ms", "1500"}});
@@ -224,7 +238,7 @@ TEST_F(GatewayTest, RetryWhileTheFirstIsUpstreamIs409) {
 }
 
 // 50 clients at once with one key: the ledger is called once.
-TEST_F(GatewayTest, FiftyConcurrentRequestsWithOneKeyCallTheUpstreamOnce) {
+TEST_P(GatewayStoresTest, FiftyConcurrentRequestsWithOneKeyCallTheUpstreamOnce) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   std::atomic<int> created{0}, conflicts{0}, other{0};
   std::vector<std::thread> clients;
@@ -251,7 +265,7 @@ TEST_F(GatewayTest, FiftyConcurrentRequestsWithOneKeyCallTheUpstreamOnce) {
 }
 
 // The same in wait mode: every client gets the one response.
-TEST_F(GatewayTest, InWaitModeConcurrentDuplicatesAllGetTheFirstResponse) {
+TEST_P(GatewayStoresTest, InWaitModeConcurrentDuplicatesAllGetTheFirstResponse) {
   const std::string config = WriteConfig(R"(
 [[route]]
 prefix = "/charges"
@@ -281,7 +295,7 @@ wait = "10s"
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
-TEST_F(GatewayTest, UpstreamFailureReleasesTheKeySoARetryRunsAgain) {
+TEST_P(GatewayStoresTest, UpstreamFailureReleasesTheKeySoARetryRunsAgain) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   const HttpResponse failed = Charge("order-5", kCharge, {{"X-Ledger-Status", "503"}});
   EXPECT_EQ(failed.status, 503);
@@ -294,7 +308,7 @@ TEST_F(GatewayTest, UpstreamFailureReleasesTheKeySoARetryRunsAgain) {
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
-TEST_F(GatewayTest, ClientErrorsFromTheUpstreamAreStoredAndReplayed) {
+TEST_P(GatewayStoresTest, ClientErrorsFromTheUpstreamAreStoredAndReplayed) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   const HttpResponse rejected = Charge("order-6", kCharge, {{"X-Ledger-Status", "402"}});
   EXPECT_EQ(rejected.status, 402);
@@ -304,7 +318,7 @@ TEST_F(GatewayTest, ClientErrorsFromTheUpstreamAreStoredAndReplayed) {
   EXPECT_EQ(LedgerCharges(), 0);
 }
 
-TEST_F(GatewayTest, UpstreamTimeoutIs504AndReleasesTheKey) {
+TEST_P(GatewayStoresTest, UpstreamTimeoutIs504AndReleasesTheKey) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream-timeout", "300ms"}));
   const HttpResponse slow = Charge("order-7", kCharge, {{"X-Ledger-Delay-Ms", "2000"}});
   EXPECT_EQ(slow.status, 504) << slow.body;
@@ -312,7 +326,7 @@ TEST_F(GatewayTest, UpstreamTimeoutIs504AndReleasesTheKey) {
   EXPECT_NE(retry.status, 409);  // released, not held until the lease ends
 }
 
-TEST_F(GatewayTest, UpstreamDownIs502AndTheKeyIsReleased) {
+TEST_P(GatewayStoresTest, UpstreamDownIs502AndTheKeyIsReleased) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   ASSERT_TRUE(ledger_->Kill(SIGKILL).ok());
   ASSERT_TRUE(ledger_->Wait(10s).has_value());
@@ -323,7 +337,7 @@ TEST_F(GatewayTest, UpstreamDownIs502AndTheKeyIsReleased) {
   EXPECT_EQ(Charge("order-8").status, 502);
 }
 
-TEST_F(GatewayTest, PrincipalsNeverSeeEachOthersResponses) {
+TEST_P(GatewayStoresTest, PrincipalsNeverSeeEachOthersResponses) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   const HttpResponse alice =
       Charge("shared-key", R"({"account":"alice","amount":1})", {{"Authorization", "Bearer a"}});
@@ -339,7 +353,7 @@ TEST_F(GatewayTest, PrincipalsNeverSeeEachOthersResponses) {
   EXPECT_EQ(LedgerCharges(), 2);
 }
 
-TEST_F(GatewayTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
+TEST_P(GatewayStoresTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd(
       {"--max-body-bytes", "1024", "--max-header-bytes", "2048", "--client-timeout", "1s"}));
   // A slow client that never finishes its headers holds no thread.
@@ -489,7 +503,7 @@ TEST_F(GatewayTest, SigtermReleasesKeysWhoseUpstreamDoesNotAnswerInTime) {
   EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
 }
 
-TEST_F(GatewayTest, StoredBodyLimitCompletesTheKeyAndReplaysAClearError) {
+TEST_P(GatewayStoresTest, StoredBodyLimitCompletesTheKeyAndReplaysAClearError) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd({"--max-stored-body-bytes", "16"}));
   const HttpResponse first = Charge("big-answer");
   EXPECT_EQ(first.status, 201);  // the client that caused it gets the whole body

@@ -119,8 +119,8 @@ class LogStore final : public Store {
     {
       LogJournal::Deferred deferred(journal_);
       journal_.BeginGroup();
-      if (!begins.empty()) answers->begins = engine_->BeginBatch(begins);
       if (!completes.empty()) answers->completes = engine_->CompleteBatch(completes);
+      if (!begins.empty()) answers->begins = engine_->BeginBatch(begins);
       journal_.EndGroup();
       ticket = deferred.ticket();
     }

@@ -517,8 +517,8 @@ class MemoryStore final : public memory_internal::Engine {
                   std::function<void(BatchAnswers)> done) override {
     if (journal_ != nullptr) return false;
     BatchAnswers answers;
-    if (!begins.empty()) answers.begins = BeginBatch(begins);
     if (!completes.empty()) answers.completes = CompleteBatch(completes);
+    if (!begins.empty()) answers.begins = BeginBatch(begins);
     done(std::move(answers));
     return true;
   }
