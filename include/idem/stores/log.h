@@ -47,7 +47,7 @@ struct LogStoreOptions {
   std::uint64_t segment_bytes = 64u << 20;           // a new log segment past this size
   // Compaction rewrites the live state when the log is larger than this many times the live
   // data and larger than compact_min_bytes. 0 for compact_ratio turns it off.
-  double compact_ratio = 2.0;
+  double compact_ratio = 1.5;
   std::uint64_t compact_min_bytes = 64u << 20;
   // Where warnings go (a torn tail cut off on open); default: stderr.
   std::function<void(std::string_view)> warn;
