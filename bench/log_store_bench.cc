@@ -326,6 +326,29 @@ struct LogRun : RunBase {
 };
 LogRun* g_log_run = nullptr;
 
+// On thread 0, before the run: a fresh store for `cycles` keys.
+void StartLogRun(std::uint64_t cycles, idem::SyncMode sync) {
+  g_log_run = new LogRun("log", cycles);
+  idem::LogStoreOptions options;
+  options.dir = g_log_run->dir.path();
+  options.sync = sync;
+  idem::Result<std::unique_ptr<idem::Store>> store = idem::OpenLogStore(options);
+  if (store.has_value()) {
+    g_log_run->store = *std::move(store);
+  } else {
+    g_log_run->setup_error = "OpenLogStore: " + store.error().ToString();
+  }
+  g_log_run->io_before = ReadIo();
+}
+
+// On thread 0, after the run.
+void FinishLogRun(benchmark::State& state, std::uint64_t cycles) {
+  g_log_run->store.reset();  // closed, so that everything it writes is in the directory
+  Finish(state, *g_log_run, cycles, DirBytes(g_log_run->dir.path()), 2);
+  delete g_log_run;
+  g_log_run = nullptr;
+}
+
 bool Cycle(idem::Store& store, std::string_view key, std::string_view response) {
   idem::BeginRequest b;
   b.key = key;
@@ -342,19 +365,7 @@ bool Cycle(idem::Store& store, std::string_view key, std::string_view response) 
 }
 
 void BM_LogStore(benchmark::State& state, idem::SyncMode sync) {
-  if (state.thread_index() == 0) {
-    g_log_run = new LogRun("log", TotalIterations(state));
-    idem::LogStoreOptions options;
-    options.dir = g_log_run->dir.path();
-    options.sync = sync;
-    idem::Result<std::unique_ptr<idem::Store>> store = idem::OpenLogStore(options);
-    if (store.has_value()) {
-      g_log_run->store = *std::move(store);
-    } else {
-      g_log_run->setup_error = "OpenLogStore: " + store.error().ToString();
-    }
-    g_log_run->io_before = ReadIo();
-  }
+  if (state.thread_index() == 0) StartLogRun(TotalIterations(state), sync);
   std::uint64_t i = FirstIteration(state);
   RunClock clock;
   for (auto _ : state) {
@@ -365,28 +376,13 @@ void BM_LogStore(benchmark::State& state, idem::SyncMode sync) {
   }
   clock.Report(state);
   state.SetItemsProcessed(state.iterations());
-  if (state.thread_index() == 0) {
-    g_log_run->store.reset();  // closed, so that everything it writes is in the directory
-    Finish(state, *g_log_run, TotalIterations(state), DirBytes(g_log_run->dir.path()), 2);
-    delete g_log_run;
-    g_log_run = nullptr;
-  }
+  if (state.thread_index() == 0) FinishLogRun(state, TotalIterations(state));
 }
 
 // One iteration: BeginBatch of `batch` new keys (all must be Acquired), then CompleteBatch.
 void BM_LogStoreBatch(benchmark::State& state, std::size_t batch) {
   if (state.thread_index() == 0) {
-    g_log_run = new LogRun("log", TotalIterations(state) * batch);
-    idem::LogStoreOptions options;
-    options.dir = g_log_run->dir.path();
-    options.sync = idem::SyncMode::kAlways;
-    idem::Result<std::unique_ptr<idem::Store>> store = idem::OpenLogStore(options);
-    if (store.has_value()) {
-      g_log_run->store = *std::move(store);
-    } else {
-      g_log_run->setup_error = "OpenLogStore: " + store.error().ToString();
-    }
-    g_log_run->io_before = ReadIo();
+    StartLogRun(TotalIterations(state) * batch, idem::SyncMode::kAlways);
   }
   std::vector<idem::BeginRequest> begins(batch);
   std::vector<idem::CompleteRequest> completes(batch);
@@ -419,12 +415,7 @@ void BM_LogStoreBatch(benchmark::State& state, std::size_t batch) {
   }
   clock.Report(state);
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));
-  if (state.thread_index() == 0) {
-    g_log_run->store.reset();
-    Finish(state, *g_log_run, TotalIterations(state) * batch, DirBytes(g_log_run->dir.path()), 2);
-    delete g_log_run;
-    g_log_run = nullptr;
-  }
+  if (state.thread_index() == 0) FinishLogRun(state, TotalIterations(state) * batch);
 }
 
 // ---- RocksDB ----
