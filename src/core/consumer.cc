@@ -306,8 +306,7 @@ struct Consumer::Impl {
       if (stop.load()) return false;
       ++retry;
       Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
-      const BrokerMessage* touch[] = {item.message};
-      (void)broker.Touch(touch);
+      TouchOpen(items);
       Sleep(Backoff(retry, rng));
       ++attempt;
     }
@@ -324,12 +323,20 @@ struct Consumer::Impl {
       if (!r && metrics) metrics->store_errors->Inc();
       if (r && *r == WriteAnswer::kLeaseLost && metrics) metrics->lease_lost->Inc();
     }
+    TouchOpen(items);
+    leases_from = now;
+  }
+
+  // Restarts the broker's redelivery timer (JetStream's ack_wait) of every message of the
+  // batch not settled yet, in batch order. Touching only a message being retried would make
+  // the broker, if this process dies, redeliver it after the later messages of its partition,
+  // which another consumer would then run first.
+  void TouchOpen(const std::vector<Item>& items) {
     std::vector<const BrokerMessage*> open;
     for (const Item& item : items) {
       if (item.fate == Fate::kOpen) open.push_back(item.message);
     }
     (void)broker.Touch(open);
-    leases_from = now;
   }
 
   // Begins again, with backoff, a key another worker holds, until it is decided or busy_timeout

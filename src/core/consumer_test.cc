@@ -152,6 +152,39 @@ TEST_P(ConsumerTest, KeepsEachPartitionsOrder) {
   }
 }
 
+// A retry keeps the broker's redelivery timers of the batch's unsettled messages in step: if
+// only the retried one were touched, a crash would have the broker redeliver it after the
+// later messages of its partition (JetStream's ack_wait), and they would run first.
+TEST_P(ConsumerTest, ARetryTouchesEveryUnsettledMessageOfTheBatchInOrder) {
+  broker_.PublishKeyed("p0", "first");
+  broker_.PublishKeyed("p0", "flaky");
+  broker_.PublishKeyed("p0", "later");
+  broker_.PublishKeyed("p1", "other");
+  int flaky_calls = 0;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        if (c.key == "flaky" && ++flaky_calls == 1) return {Verdict::kRetryable, "not yet"};
+        return {Verdict::kSuccess, "done"};
+      },
+      Options());
+  ASSERT_TRUE(Round(consumer).has_value());
+  const std::vector<std::vector<std::string>> calls = broker_.TouchCalls();
+  ASSERT_FALSE(calls.empty());
+  // At the retry "first" is settled; "flaky", "later" (p0) and "other" (p1) are not, and are
+  // touched together, in the batch's order, or "other" is already settled (partitions are
+  // independent): either way "flaky" and "later" are both there, in order.
+  const std::vector<std::string>& touched = calls.front();
+  const auto flaky_at = std::find(touched.begin(), touched.end(), "p0:1");
+  const auto later_at = std::find(touched.begin(), touched.end(), "p0:2");
+  ASSERT_NE(flaky_at, touched.end());
+  ASSERT_NE(later_at, touched.end()) << "the later message of the partition was not touched";
+  EXPECT_LT(flaky_at, later_at);
+  EXPECT_EQ(std::find(touched.begin(), touched.end(), "p0:0"), touched.end())
+      << "a settled message needs no touch";
+  EXPECT_EQ(broker_.Acknowledged().size(), 4u);
+}
+
 TEST_P(ConsumerTest, HandlerThatFailsTwiceThenSucceedsRunsThreeTimes) {
   broker_.PublishKeyed("p0", "flaky");
   std::vector<std::uint32_t> attempts;

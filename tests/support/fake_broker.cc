@@ -45,6 +45,11 @@ std::vector<std::chrono::milliseconds> FakeBroker::RedeliverDelays() const {
   return redeliver_delays_;
 }
 
+std::vector<std::vector<std::string>> FakeBroker::TouchCalls() const {
+  std::lock_guard lock(mu_);
+  return touch_calls_;
+}
+
 std::size_t FakeBroker::Touched() const {
   std::lock_guard lock(mu_);
   return touched_;
@@ -96,6 +101,8 @@ Status FakeBroker::DeadLetter(const BrokerMessage& message, const DeadLetterInfo
 Status FakeBroker::Touch(std::span<const BrokerMessage* const> messages) {
   std::lock_guard lock(mu_);
   touched_ += messages.size();
+  std::vector<std::string>& call = touch_calls_.emplace_back();
+  for (const BrokerMessage* m : messages) call.push_back(m->partition + ":" + m->position);
   return OkStatus();
 }
 

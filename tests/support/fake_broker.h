@@ -51,6 +51,8 @@ class FakeBroker : public Broker {
   std::size_t Redelivered() const;  // messages handed back so far
   std::vector<std::chrono::milliseconds> RedeliverDelays() const;
   std::size_t Touched() const;
+  // "partition:position" of the messages each Touch call named, in order.
+  std::vector<std::vector<std::string>> TouchCalls() const;
 
   std::string_view Name() const override { return "fake"; }
   Result<std::vector<BrokerMessage>> Poll(std::size_t max, std::chrono::milliseconds wait) override;
@@ -73,6 +75,7 @@ class FakeBroker : public Broker {
   std::size_t redelivered_ = 0;
   std::vector<std::chrono::milliseconds> redeliver_delays_;
   std::size_t touched_ = 0;
+  std::vector<std::vector<std::string>> touch_calls_;
 };
 
 }  // namespace idem::testing
