@@ -485,33 +485,42 @@ class StoreBatcher {
   // flusher, with no store thread in between. False: use a store thread (releases, which are
   // rare, always do; a store that declines once is not asked again).
   bool Start(const std::shared_ptr<Batch>& batch) {
-    std::vector<BeginRequest> begins;
-    std::vector<CompleteRequest> completes;
-    for (Op* op : *batch) {
-      if (op->kind == Op::kRelease) return false;
-      if (op->kind == Op::kBegin) begins.push_back(*op->begin);
-      if (op->kind == Op::kComplete) completes.push_back(*op->complete);
-    }
+    const Requests reqs = Split(*batch);
+    if (reqs.releases) return false;
     started_.fetch_add(1);
-    can_start_ = store_.StartBatch(begins, completes, [this, batch](BatchAnswers answers) {
-      asio::post(io_, [this, batch, answers = std::move(answers)]() mutable {
-        Deliver(*batch, answers.begins, answers.completes);
-        Finish(*batch);
-      });
-      started_.fetch_sub(1);
-    });
+    can_start_ =
+        store_.StartBatch(reqs.begins, reqs.completes, [this, batch](BatchAnswers answers) {
+          asio::post(io_, [this, batch, answers = std::move(answers)]() mutable {
+            Deliver(*batch, answers.begins, answers.completes);
+            Finish(*batch);
+          });
+          started_.fetch_sub(1);
+        });
     if (!can_start_) started_.fetch_sub(1);
     return can_start_;
   }
 
-  // On a store thread.
-  void Run(Batch& batch) {
+  // The batch's begins and completes, in its order; whether it releases a key too.
+  struct Requests {
     std::vector<BeginRequest> begins;
     std::vector<CompleteRequest> completes;
-    for (Op* op : batch) {
-      if (op->kind == Op::kBegin) begins.push_back(*op->begin);
-      if (op->kind == Op::kComplete) completes.push_back(*op->complete);
+    bool releases = false;
+  };
+  static Requests Split(const Batch& batch) {
+    Requests r;
+    for (const Op* op : batch) {
+      if (op->kind == Op::kBegin) r.begins.push_back(*op->begin);
+      if (op->kind == Op::kComplete) r.completes.push_back(*op->complete);
+      if (op->kind == Op::kRelease) r.releases = true;
     }
+    return r;
+  }
+
+  // On a store thread.
+  void Run(Batch& batch) {
+    const Requests reqs = Split(batch);
+    const std::vector<BeginRequest>& begins = reqs.begins;
+    const std::vector<CompleteRequest>& completes = reqs.completes;
     std::vector<Result<BeginAnswer>> began;
     std::vector<Result<WriteAnswer>> completed;
     if (begins.size() == 1) began.push_back(store_.Begin(begins[0]));

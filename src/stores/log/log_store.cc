@@ -73,6 +73,14 @@ class LogJournal final : public core::Journal {
 thread_local LogJournal* LogJournal::deferring = nullptr;
 thread_local std::uint64_t LogJournal::deferred_ticket = 0;
 
+// An answer that depended on a write that failed is that failure instead.
+template <typename T>
+void FailAnswered(std::vector<Result<T>>& answers, const Status& failure) {
+  for (Result<T>& a : answers) {
+    if (a.has_value()) a = failure;
+  }
+}
+
 struct Recovered {
   std::uint64_t snapshot_id = 0;        // 0: none
   std::vector<std::uint64_t> segments;  // ids after the snapshot, ascending
@@ -114,13 +122,13 @@ class LogStore final : public Store {
   // that cannot be. Begins and completes are one group: one sync for both.
   bool StartBatch(std::span<const BeginRequest> begins, std::span<const CompleteRequest> completes,
                   std::function<void(BatchAnswers)> done) override {
-    auto answers = std::make_shared<BatchAnswers>();
+    std::shared_ptr<BatchAnswers> answers;
     std::uint64_t ticket = 0;
     {
       LogJournal::Deferred deferred(journal_);
       journal_.BeginGroup();
-      if (!completes.empty()) answers->completes = engine_->CompleteBatch(completes);
-      if (!begins.empty()) answers->begins = engine_->BeginBatch(begins);
+      answers = std::make_shared<BatchAnswers>(
+          memory_internal::CompleteThenBegin(*engine_, begins, completes));
       journal_.EndGroup();
       ticket = deferred.ticket();
     }
@@ -128,12 +136,8 @@ class LogStore final : public Store {
     writer_->WhenDurable(ticket, [answers = std::move(answers),
                                   done = std::move(done)](const Status& durable) mutable {
       if (!durable.ok()) {
-        for (auto& a : answers->begins) {
-          if (a.has_value()) a = durable;
-        }
-        for (auto& a : answers->completes) {
-          if (a.has_value()) a = durable;
-        }
+        FailAnswered(answers->begins, durable);
+        FailAnswered(answers->completes, durable);
       }
       done(std::move(*answers));
     });
@@ -187,6 +191,11 @@ class LogStore final : public Store {
   T After(T result) {
     MaybeCompact();
     return result;
+  }
+  // The log's size on disk: the base (snapshot and segments) plus what the writer added since.
+  std::uint64_t DiskBytes() const {
+    return base_bytes_.load(std::memory_order_relaxed) + writer_->bytes_written() -
+           written_at_base_.load(std::memory_order_relaxed);
   }
   void MaybeCompact();
   void CompactionLoop();
@@ -370,8 +379,7 @@ Status LogStore::Open() {
 
 void LogStore::MaybeCompact() {
   if (options_.compact_ratio <= 0) return;
-  std::uint64_t disk = base_bytes_.load(std::memory_order_relaxed) + writer_->bytes_written() -
-                       written_at_base_.load(std::memory_order_relaxed);
+  const std::uint64_t disk = DiskBytes();
   auto limit =
       static_cast<std::uint64_t>(options_.compact_ratio * static_cast<double>(live_bytes_.load()));
   if (disk < options_.compact_min_bytes || disk < limit) return;
@@ -420,8 +428,7 @@ bool LogStore::StillOutgrown() {
   const auto live =
       static_cast<std::uint64_t>(static_cast<double>(snap_bytes) * static_cast<double>(things) /
                                  static_cast<double>(snap_things));
-  const std::uint64_t disk =
-      base_bytes_.load() + writer_->bytes_written() - written_at_base_.load();
+  const std::uint64_t disk = DiskBytes();
   if (static_cast<double>(disk) >= options_.compact_ratio * static_cast<double>(live)) return true;
   live_bytes_ = live;
   return false;
@@ -493,7 +500,7 @@ Status LogStore::Compact() {
 Result<StoreStats> LogStore::Stats() {
   auto stats = engine_->Stats();
   if (!stats) return stats;
-  stats->bytes = base_bytes_.load() + writer_->bytes_written() - written_at_base_.load();
+  stats->bytes = DiskBytes();
   return stats;
 }
 

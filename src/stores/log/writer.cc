@@ -227,6 +227,14 @@ void LogWriter::CallDue(std::vector<Callback>& due) {
   due.clear();
 }
 
+void LogWriter::RunDue(std::unique_lock<std::mutex>& lock, bool everything) {
+  std::vector<Callback> due = TakeDue(everything);
+  if (due.empty()) return;
+  lock.unlock();
+  CallDue(due);
+  lock.lock();
+}
+
 void LogWriter::WakeWaiters(std::uint64_t ticket) {
   std::atomic<std::uint32_t>& word = done_word_[ticket & 1];
   word.fetch_add(1, std::memory_order_release);
@@ -279,10 +287,7 @@ void LogWriter::FlusherLoop() {
       work_cv_.wait(lock, has_work);
     }
     if (!failed_.ok()) {
-      std::vector<Callback> due = TakeDue();
-      lock.unlock();
-      CallDue(due);
-      lock.lock();
+      RunDue(lock);
       if (stop_) return;
       // Nothing more can be written; drop what callers keep appending.
       pending_.Clear();
@@ -370,10 +375,7 @@ void LogWriter::FlusherLoop() {
     }
     if (stop_ && pending_ticket_ == 0) {
       // Everything appended is durable by now (or the log failed above).
-      std::vector<Callback> due = TakeDue(/*everything=*/true);
-      lock.unlock();
-      CallDue(due);
-      lock.lock();
+      RunDue(lock, /*everything=*/true);
       if (failed_.ok()) {
         lock.unlock();
         // Best effort: a reopen cuts off reserved zeros left behind anyway.

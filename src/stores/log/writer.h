@@ -103,6 +103,8 @@ class LogWriter {
   std::vector<Callback> TakeDue(bool everything = false);
   // Calls what TakeDue() took, without mu_.
   void CallDue(std::vector<Callback>& due);
+  // TakeDue(everything), then calls them with mu_ released through `lock` (held again after).
+  void RunDue(std::unique_lock<std::mutex>& lock, bool everything = false);
 
   FileSystem& fs_;
   const std::string dir_;

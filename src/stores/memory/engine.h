@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 
 #include "core/journal.h"
 #include "idem/store.h"
@@ -33,6 +34,16 @@ class Engine : public Store {
   // meanwhile may or may not be seen (a journal records them anyway).
   virtual Status Snapshot(const std::function<Status(const core::Change&)>& sink) = 0;
 };
+
+// What Store::StartBatch answers, computed with the blocking calls: the completions, then the
+// begins (a begin of a key completed in the same call replays it).
+inline BatchAnswers CompleteThenBegin(Store& store, std::span<const BeginRequest> begins,
+                                      std::span<const CompleteRequest> completes) {
+  BatchAnswers answers;
+  if (!completes.empty()) answers.completes = store.CompleteBatch(completes);
+  if (!begins.empty()) answers.begins = store.BeginBatch(begins);
+  return answers;
+}
 
 }  // namespace idem::memory_internal
 

@@ -516,10 +516,7 @@ class MemoryStore final : public memory_internal::Engine {
   bool StartBatch(std::span<const BeginRequest> begins, std::span<const CompleteRequest> completes,
                   std::function<void(BatchAnswers)> done) override {
     if (journal_ != nullptr) return false;
-    BatchAnswers answers;
-    if (!completes.empty()) answers.completes = CompleteBatch(completes);
-    if (!begins.empty()) answers.begins = BeginBatch(begins);
-    done(std::move(answers));
+    done(memory_internal::CompleteThenBegin(*this, begins, completes));
     return true;
   }
 
