@@ -24,6 +24,7 @@ namespace {
 
 using internal::Conf;
 using internal::Error;
+using internal::Event;
 using internal::Handle;
 using internal::Metadata;
 using internal::PartitionList;
@@ -34,8 +35,10 @@ using SteadyClock = std::chrono::steady_clock;
 
 // How long a seek may take to reach the fetcher (a local hand-over, no network).
 constexpr std::chrono::milliseconds kSeekTimeout{10'000};
-constexpr std::chrono::milliseconds kCommitTimeout{30'000};  // librdkafka's own bound applies
+constexpr std::chrono::milliseconds kCommitTimeout{30'000};  // at most; see CommitTimeout()
 constexpr std::chrono::milliseconds kHealthTimeout{2'000};
+// Beyond the session timeout, for leaving the group on close.
+constexpr std::chrono::milliseconds kCloseGrace{5'000};
 constexpr std::chrono::milliseconds kDeadLetterTimeout{30'000};  // message.timeout.ms default
 
 // One assigned partition. Lives from its assignment to its revocation; a partition assigned
@@ -89,11 +92,7 @@ class KafkaBroker final : public Broker {
   explicit KafkaBroker(KafkaConsumerConfig config) : config_(std::move(config)) {}
 
   ~KafkaBroker() override {
-    if (consumer_ != nullptr) {
-      // Leaves the group (the revoke comes through the rebalance callback); commits nothing.
-      closing_ = true;
-      rd_kafka_consumer_close(consumer_.get());
-    }
+    if (consumer_ != nullptr) Close();
     if (producer_ != nullptr) rd_kafka_flush(producer_.get(), TimeoutMs(kDeadLetterTimeout));
   }
 
@@ -120,7 +119,12 @@ class KafkaBroker final : public Broker {
   Status ResumeDue(SteadyClock::time_point now);
   Status Seek(const std::vector<std::pair<PartitionState*, std::int64_t>>& targets);
   Status CommitPending();
+  // A commit slower than a session is of no use: the group has moved on by then.
+  std::chrono::milliseconds CommitTimeout() const {
+    return std::min(kCommitTimeout, config_.session_timeout);
+  }
   Status EnsureProducer();
+  void Close();
   Status FatalStatus(rd_kafka_t* rk, std::string_view what);
 
   KafkaConsumerConfig config_;
@@ -204,6 +208,39 @@ Status KafkaBroker::Open() {
   return {};
 }
 
+// Leaves the group, committing nothing. librdkafka 2.0's close can hang for good in
+// cooperative mode when a rebalance is under way (librdkafka #4527, #4041; CI met it), so first
+// the assignment is given up the ordinary way -- unsubscribe, and poll until the revoke came --
+// and then the close has nothing left to revoke. Each step is bounded; a close still not done
+// by then leaves the handle behind (destroying it would wait for that same close), and the
+// group drops the member after its session timeout.
+void KafkaBroker::Close() {
+  rd_kafka_t* rk = consumer_.get();
+  auto deadline = SteadyClock::now() + config_.session_timeout;
+  if (rd_kafka_unsubscribe(rk) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    while (!partitions_.empty() && SteadyClock::now() < deadline) {
+      if (rd_kafka_message_t* m = rd_kafka_consumer_poll(rk, 100)) rd_kafka_message_destroy(m);
+    }
+  }
+  closing_ = true;
+  deadline = SteadyClock::now() + config_.session_timeout + kCloseGrace;
+  Queue events(rd_kafka_queue_new(rk));
+  Error error(rd_kafka_consumer_close_queue(rk, events.get()));
+  while (error == nullptr && !rd_kafka_consumer_closed(rk) && SteadyClock::now() < deadline) {
+    Event event(rd_kafka_queue_poll(events.get(), 100));
+    if (event != nullptr && rd_kafka_event_type(event.get()) == RD_KAFKA_EVENT_REBALANCE) {
+      Rebalance(rd_kafka_event_error(event.get()),
+                rd_kafka_event_topic_partition_list(event.get()));
+    }
+  }
+  if (error != nullptr || !rd_kafka_consumer_closed(rk)) {
+    std::fprintf(stderr, "idem kafka: the consumer did not close in time; leaving it behind\n");
+    events.reset();
+    queue_.reset();
+    (void)consumer_.release();
+  }
+}
+
 void KafkaBroker::RebalanceCallback(rd_kafka_t*, rd_kafka_resp_err_t err,
                                     rd_kafka_topic_partition_list_t* partitions, void* opaque) {
   static_cast<KafkaBroker*>(opaque)->Rebalance(err, partitions);
@@ -212,18 +249,16 @@ void KafkaBroker::RebalanceCallback(rd_kafka_t*, rd_kafka_resp_err_t err,
 // Called from inside Poll (or the destructor's close): no batch is being processed, so nothing
 // of the revoked partitions is in flight except what the current Poll collected.
 void KafkaBroker::Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* partitions) {
+  // Always the cooperative protocol: the adapter fixes cooperative-sticky. Not asked of
+  // librdkafka (rd_kafka_rebalance_protocol): from here, during a close, that waits for the
+  // group's thread, which waits for this callback -- a hang CI met.
   rd_kafka_t* rk = consumer_.get();
-  const bool cooperative = std::string_view(rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE";
   rebalanced_ = true;
   last_topic_ = nullptr;
   last_state_ = nullptr;
   Error error;
   if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-    error.reset(cooperative ? rd_kafka_incremental_assign(rk, partitions)
-                            : rd_kafka_error_new(rd_kafka_assign(rk, partitions), "assign"));
-    if (error != nullptr && rd_kafka_error_code(error.get()) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      error.reset();
-    }
+    error.reset(rd_kafka_incremental_assign(rk, partitions));
     if (error == nullptr) {
       for (int i = 0; i < partitions->cnt; ++i) {
         const auto& tp = partitions->elems[i];
@@ -251,12 +286,7 @@ void KafkaBroker::Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
       partitions_.erase(it);
     }
     if (paused->cnt > 0) rd_kafka_resume_partitions(rk, paused.get());
-    if (cooperative) {
-      error.reset(rd_kafka_incremental_unassign(rk, partitions));
-    } else {
-      rd_kafka_resp_err_t e = rd_kafka_assign(rk, nullptr);
-      if (e != RD_KAFKA_RESP_ERR_NO_ERROR) error.reset(rd_kafka_error_new(e, "unassign"));
-    }
+    error.reset(rd_kafka_incremental_unassign(rk, partitions));
   }
   if (error != nullptr && !closing_) {
     deferred_ = UnavailableError(std::string("kafka: rebalance failed: ") +
@@ -445,24 +475,47 @@ Status KafkaBroker::CommitPending() {
   }
   if (states.empty()) return {};
   // A commit that fails (typically while the group rebalances) stays pending: the next Poll or
-  // Acknowledge tries it again, unless the partition is revoked first.
-  rd_kafka_resp_err_t err = rd_kafka_commit(consumer_.get(), list.get(), /*async=*/0);
+  // Acknowledge tries it again, unless the partition is revoked first. librdkafka's synchronous
+  // commit waits without a bound (a commit it defers for a coordinator, say); this one gives up
+  // after CommitTimeout() and lets the answer, if it ever comes, go unread.
+  Queue replies(rd_kafka_queue_new(consumer_.get()));
+  rd_kafka_resp_err_t err =
+      rd_kafka_commit_queue(consumer_.get(), list.get(), replies.get(), nullptr, nullptr);
+  Event result;
+  if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    result.reset(rd_kafka_queue_poll(replies.get(), TimeoutMs(CommitTimeout())));
+    err = result == nullptr ? RD_KAFKA_RESP_ERR__TIMED_OUT : rd_kafka_event_error(result.get());
+  }
+  const rd_kafka_topic_partition_list_t* answered =
+      result == nullptr ? nullptr : rd_kafka_event_topic_partition_list(result.get());
   commit_failed_ = false;
   std::string failed;
-  for (int i = 0; i < list->cnt; ++i) {
-    const auto& tp = list->elems[i];
-    if (err == RD_KAFKA_RESP_ERR_NO_ERROR && tp.err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      PartitionState* state = states[static_cast<std::size_t>(i)];
-      state->committed = tp.offset;
-      while (!state->keys.empty() && state->keys.front().first < tp.offset) state->keys.pop_front();
-      state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(tp.offset));
-    } else if (tp.err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      failed += std::string(failed.empty() ? "" : ", ") + tp.topic + "/" +
-                std::to_string(tp.partition) + ": " + rd_kafka_err2str(tp.err);
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    PartitionState* state = states[i];
+    rd_kafka_resp_err_t partition_err = err;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      const rd_kafka_topic_partition_t* tp =
+          answered == nullptr ? nullptr
+                              : rd_kafka_topic_partition_list_find(answered, state->topic.c_str(),
+                                                                   state->partition);
+      partition_err = tp == nullptr ? RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION : tp->err;
+    }
+    if (partition_err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      const std::int64_t offset = list->elems[i].offset;
+      state->committed = offset;
+      while (!state->keys.empty() && state->keys.front().first < offset) state->keys.pop_front();
+      state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(offset));
+    } else if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      failed += std::string(failed.empty() ? "" : ", ") + state->name + ": " +
+                rd_kafka_err2str(partition_err);
     }
   }
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR || !failed.empty()) {
     commit_failed_ = true;
+    if (result == nullptr && err == RD_KAFKA_RESP_ERR__TIMED_OUT) {
+      return UnavailableError("kafka: commit not answered within " +
+                              std::to_string(CommitTimeout().count()) + " ms");
+    }
     return UnavailableError("kafka: commit failed: " +
                             (failed.empty() ? std::string(rd_kafka_err2str(err)) : failed));
   }

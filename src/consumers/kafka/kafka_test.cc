@@ -263,6 +263,47 @@ TEST_F(KafkaTest, ASecondConsumerTakesOverPartitionsIncrementally) {
   }
 }
 
+// A cluster that stops answering (SIGSTOP: connections stay open, nothing comes back) fails a
+// commit within the session timeout (3 s here), and closing the consumer within the session
+// timeout and its grace: neither waits as long as librdkafka would.
+TEST_F(KafkaTest, ACommitOrCloseTheClusterDoesNotAnswerEndsWithinItsBound) {
+  ASSERT_TRUE(PublishNumbered(*producer_, topic_, 0, "s", 5).ok());
+  const std::string group = UniqueName("g");
+  auto broker = Open(group);
+  ASSERT_NE(broker, nullptr);
+  auto got = PollAtLeast(*broker, 5, 30s);
+  ASSERT_TRUE(got);
+  ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 0, 2)).ok());
+
+  ASSERT_TRUE(cluster_->process().Kill(SIGSTOP).ok());
+  auto started = std::chrono::steady_clock::now();
+  Status acked = broker->Acknowledge(Pointers(*got, 2, 5));
+  auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(acked.code(), StatusCode::kUnavailable) << acked.ToString();
+  EXPECT_THAT(acked.message(), HasSubstr("commit"));
+  EXPECT_LT(took, 10s);
+  ASSERT_TRUE(cluster_->process().Kill(SIGCONT).ok());
+  // Then it goes on: the failed commit goes with a later Poll, or (the member having missed its
+  // session meanwhile) the messages come again from the last commit and are acknowledged again.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  std::int64_t committed = -1;
+  while (committed != 5 && std::chrono::steady_clock::now() < deadline) {
+    auto batch = broker->Poll(64, 100ms);
+    ASSERT_TRUE(batch) << batch.error().ToString();
+    (void)broker->Acknowledge(Pointers(*batch));
+    auto c = CommittedOffset(cluster_->bootstrap(), group, topic_, 0);
+    if (c) committed = *c;
+  }
+  EXPECT_EQ(committed, 5);
+
+  ASSERT_TRUE(cluster_->process().Kill(SIGSTOP).ok());
+  started = std::chrono::steady_clock::now();
+  broker.reset();
+  took = std::chrono::steady_clock::now() - started;
+  ASSERT_TRUE(cluster_->process().Kill(SIGCONT).ok());
+  EXPECT_LT(took, 15s);
+}
+
 TEST_F(KafkaTest, RedeliverSeeksBackPausesAndHoldsTheCommit) {
   ASSERT_TRUE(PublishNumbered(*producer_, topic_, 3, "r", 10).ok());
   ASSERT_TRUE(PublishNumbered(*producer_, topic_, 0, "o", 3).ok());

@@ -40,6 +40,9 @@ struct MetadataDeleter {
 struct ErrorDeleter {
   void operator()(rd_kafka_error_t* error) const { rd_kafka_error_destroy(error); }
 };
+struct EventDeleter {
+  void operator()(rd_kafka_event_t* event) const { rd_kafka_event_destroy(event); }
+};
 
 using Handle = std::unique_ptr<rd_kafka_t, HandleDeleter>;
 using Conf = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
@@ -48,6 +51,7 @@ using HeaderList = std::unique_ptr<rd_kafka_headers_t, HeadersDeleter>;
 using Queue = std::unique_ptr<rd_kafka_queue_t, QueueDeleter>;
 using Metadata = std::unique_ptr<const rd_kafka_metadata_t, MetadataDeleter>;
 using Error = std::unique_ptr<rd_kafka_error_t, ErrorDeleter>;
+using Event = std::unique_ptr<rd_kafka_event_t, EventDeleter>;
 
 using Properties = std::vector<std::pair<std::string, std::string>>;
 
