@@ -414,12 +414,6 @@ struct Consumer::Impl {
     if (requests.empty()) return answers;
     core::Stopwatch sw;
     answers = store.BeginBatch(requests);
-    NoteBegins(r, answers, sw);
-    return answers;
-  }
-
-  void NoteBegins(Round& r, const std::vector<Result<BeginAnswer>>& answers,
-                  const core::Stopwatch& sw) {
     if (metrics) {
       metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
       for (const auto& a : answers) CountBegin(*metrics, a);
@@ -429,6 +423,7 @@ struct Consumer::Impl {
       const auto& a = answers[static_cast<std::size_t>(item.begin_index)];
       if (a && std::holds_alternative<Acquired>(*a)) item.acquired = std::get<Acquired>(*a);
     }
+    return answers;
   }
 
   // Runs the handlers, partition by partition, in broker order.
@@ -474,14 +469,9 @@ struct Consumer::Impl {
     }
     Round& r = **polled;
     std::vector<BeginRequest> requests = Requests(r);
-    std::vector<Result<BeginAnswer>> answers;
-    if (tail && tail_parked) {
-      answers = CompleteTailAndBegin(r, requests);
-    } else {
-      // A key the previous batch is still completing would answer Busy: let it land first.
-      if (tail && SharesKeys(*tail, r)) WaitTail();
-      answers = BeginAll(r, requests);
-    }
+    // A key the previous batch is still completing would answer Busy: let it land first.
+    if (tail && SharesKeys(*tail, r)) WaitTail();
+    std::vector<Result<BeginAnswer>> answers = BeginAll(r, requests);
     Status tail_status = FinishTail(&r);  // its completions were stored meanwhile
     SettleAll(r, answers);
     if (pipelined) {
@@ -562,74 +552,58 @@ struct Consumer::Impl {
 
   // One CompleteBatch for every key the handler (or the DLQ) finished, retried a few times
   // for the ones the store could not answer; those are handed back, still IN_PROGRESS. Runs on
-  // the completer thread when pipelined (hence its own random source). `pending` (indices into
-  // r.completions; all of them when empty) and `attempt` go on from a first try made elsewhere.
-  void StoreCompletions(Round& r, std::mt19937_64& random, std::vector<std::size_t> pending = {},
-                        int attempt = 0) {
-    if (attempt == 0) {
-      pending.resize(r.completions.size());
-      for (std::size_t c = 0; c < r.completions.size(); ++c) pending[c] = c;
-    }
+  // the completer thread when pipelined (hence its own random source).
+  void StoreCompletions(Round& r, std::mt19937_64& random) {
+    std::vector<std::size_t> pending(r.completions.size());
+    for (std::size_t c = 0; c < r.completions.size(); ++c) pending[c] = c;
     constexpr int kTries = 3;
-    for (; attempt < kTries && !pending.empty(); ++attempt) {
+    for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
       if (attempt > 0) Sleep(Backoff(static_cast<std::uint32_t>(attempt), random));
-      std::vector<CompleteRequest> reqs = CompleteRequests(r, pending);
+      std::vector<CompleteRequest> reqs;
+      reqs.reserve(pending.size());
+      for (std::size_t c : pending) {
+        const Completion& done = r.completions[c];
+        const Item& item = r.items[done.item];
+        reqs.push_back({.scope = options.scope,
+                        .key = item.key,
+                        .token = item.acquired->token,
+                        .outcome = done.outcome,
+                        .response = done.response,
+                        .retention = done.outcome == Outcome::kSuccess
+                                         ? options.retention
+                                         : options.failure_retention});
+      }
       core::Stopwatch sw;
       auto results = store.CompleteBatch(reqs);
-      pending = NoteCompletions(r, pending, results, sw);
+      if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
+      std::vector<std::size_t> again;
+      std::uint64_t executed = 0;
+      for (std::size_t k = 0; k < results.size(); ++k) {
+        const std::size_t c = pending[k];
+        Item& item = r.items[r.completions[c].item];
+        if (!results[k]) {
+          again.push_back(c);
+          continue;
+        }
+        if (*results[k] == WriteAnswer::kLeaseLost) {
+          // The effect happened; a newer worker owns the key's outcome now.
+          if (metrics) metrics->lease_lost->Inc();
+        } else if (metrics) {
+          (r.completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
+                                                         : metrics->complete_failure)
+              ->Inc();
+        }
+        if (r.completions[c].outcome == Outcome::kSuccess) ++executed;
+        item.acquired.reset();
+      }
+      Count(&ConsumerCounts::executed, &ConsumerMetrics::executed, executed);
+      pending = std::move(again);
     }
     for (std::size_t c : pending) {
       CountStoreError();
       r.items[r.completions[c].item].fate = Fate::kHandedBack;
       r.store_failed = true;
     }
-  }
-
-  std::vector<CompleteRequest> CompleteRequests(const Round& r,
-                                                std::span<const std::size_t> pending) const {
-    std::vector<CompleteRequest> reqs;
-    reqs.reserve(pending.size());
-    for (std::size_t c : pending) {
-      const Completion& done = r.completions[c];
-      const Item& item = r.items[done.item];
-      reqs.push_back({.scope = options.scope,
-                      .key = item.key,
-                      .token = item.acquired->token,
-                      .outcome = done.outcome,
-                      .response = done.response,
-                      .retention = done.outcome == Outcome::kSuccess ? options.retention
-                                                                     : options.failure_retention});
-    }
-    return reqs;
-  }
-
-  // Takes the answers to CompleteRequests(r, pending); returns the ones to try again.
-  std::vector<std::size_t> NoteCompletions(Round& r, std::span<const std::size_t> pending,
-                                           const std::vector<Result<WriteAnswer>>& results,
-                                           const core::Stopwatch& sw) {
-    if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
-    std::vector<std::size_t> again;
-    std::uint64_t executed = 0;
-    for (std::size_t k = 0; k < results.size(); ++k) {
-      const std::size_t c = pending[k];
-      Item& item = r.items[r.completions[c].item];
-      if (!results[k]) {
-        again.push_back(c);
-        continue;
-      }
-      if (*results[k] == WriteAnswer::kLeaseLost) {
-        // The effect happened; a newer worker owns the key's outcome now.
-        if (metrics) metrics->lease_lost->Inc();
-      } else if (metrics) {
-        (r.completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
-                                                       : metrics->complete_failure)
-            ->Inc();
-      }
-      if (r.completions[c].outcome == Outcome::kSuccess) ++executed;
-      item.acquired.reset();
-    }
-    Count(&ConsumerCounts::executed, &ConsumerMetrics::executed, executed);
-    return again;
   }
 
   // Acknowledges, per partition, the settled messages before the first one that is not; hands
@@ -713,63 +687,16 @@ struct Consumer::Impl {
   std::thread completer;
   std::mutex tail_mu;
   std::condition_variable tail_cv;
-  bool tail_stored = true;           // the completer finished the tail's CompleteBatch
-  bool tail_parked = false;          // the tail's completions wait for the next batch's StartBatch
-  bool store_starts_batches = true;  // until the store's StartBatch says it does not
+  bool tail_stored = true;  // the completer finished the tail's CompleteBatch
   bool completer_quit = false;
   std::mt19937_64 completer_rng{std::random_device{}()};
 
   void StartTail(std::unique_ptr<Round> r) {
-    {
-      std::lock_guard lock(tail_mu);
-      tail = std::move(r);
-    }
-    // Parked, the tail's completions go with the next RunOnce's begins (StartBatch).
-    tail_parked = store_starts_batches;
-    if (!tail_parked) CompleteTailInBackground();
-  }
-
-  void CompleteTailInBackground() {
     if (!completer.joinable()) completer = std::thread([this] { CompleterLoop(); });
     std::lock_guard lock(tail_mu);
-    tail_parked = false;
+    tail = std::move(r);
     tail_stored = false;
     tail_cv.notify_all();
-  }
-
-  // The parked tail's completions and r's begins in one Store::StartBatch: one group commit
-  // where the store has one, instead of a CompleteBatch and a BeginBatch that each wait for
-  // theirs. The completions go first, so a key of both batches replays rather than being Busy.
-  // A store without StartBatch gets the tail on the completer thread, as before, from now on.
-  std::vector<Result<BeginAnswer>> CompleteTailAndBegin(Round& r,
-                                                        std::span<const BeginRequest> requests) {
-    std::vector<std::size_t> pending(tail->completions.size());
-    for (std::size_t c = 0; c < pending.size(); ++c) pending[c] = c;
-    std::vector<CompleteRequest> completes = CompleteRequests(*tail, pending);
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<BatchAnswers> got;
-    core::Stopwatch sw;
-    const bool started = store.StartBatch(requests, completes, [&](BatchAnswers answers) {
-      std::lock_guard lock(mu);
-      got = std::move(answers);
-      cv.notify_one();
-    });
-    if (!started) {
-      store_starts_batches = false;
-      CompleteTailInBackground();
-      if (SharesKeys(*tail, r)) WaitTail();
-      return BeginAll(r, requests);
-    }
-    {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return got.has_value(); });
-    }
-    std::vector<std::size_t> again = NoteCompletions(*tail, pending, got->completes, sw);
-    if (!again.empty()) StoreCompletions(*tail, rng, std::move(again), /*attempt=*/1);
-    tail_parked = false;
-    if (!requests.empty()) NoteBegins(r, got->begins, sw);
-    return std::move(got->begins);
   }
 
   void CompleterLoop() {
@@ -809,10 +736,6 @@ struct Consumer::Impl {
   // Waits for the tail's completions, then acknowledges or hands back its messages.
   Status FinishTail(Round* next) {
     if (!tail) return OkStatus();
-    if (tail_parked) {
-      StoreCompletions(*tail, rng);
-      tail_parked = false;
-    }
     WaitTail();
     Status s = Finish(*tail, next);
     std::lock_guard lock(tail_mu);

@@ -74,8 +74,6 @@ class ConsumerTest : public ::testing::TestWithParam<bool> {
     ASSERT_EQ(broker_.Queued(), 0u);
   }
 
-  void RunAdjacentBatchesSharingKeys(bool start_batches);
-
   struct Run {
     std::string key;
     std::string partition;
@@ -316,7 +314,6 @@ TEST_P(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
 
 TEST_P(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
   FaultyStore faulty(*store_);
-  faulty.AnswerStartBatch(true);  // pipelined, completions go with the next begins
   for (int i = 0; i < 4; ++i)
     broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
   Consumer consumer(faulty, broker_, Recording(), Options());
@@ -336,7 +333,6 @@ TEST_P(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
 
 TEST_P(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
   FaultyStore faulty(*store_);
-  faulty.AnswerStartBatch(true);  // pipelined, completions go with the next begins
   broker_.PublishKeyed("p0", "a");
   broker_.PublishKeyed("p0", "b");
   Consumer consumer(faulty, broker_, Recording(), Options());
@@ -482,12 +478,9 @@ TEST_P(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
   EXPECT_FALSE(rec->has_value());
 }
 
-// Copies of a key a few messages later land in the next batch, which (pipelined) is polled
-// while the first copy's completion is still to be stored: through StartBatch with the next
-// batch's begins, or by the completer thread when the store has no StartBatch.
-void ConsumerTest::RunAdjacentBatchesSharingKeys(bool start_batches) {
-  FaultyStore store(*store_);
-  store.AnswerStartBatch(start_batches);
+TEST_P(ConsumerTest, AdjacentBatchesSharingKeysRunEachKeyOnceInOrder) {
+  // Copies of a key a few messages later land in the next batch, which (pipelined) is polled
+  // while the first copy's completion is still being stored.
   std::vector<std::string> keys;
   for (int i = 0; i < 40; ++i) {
     const int k = (i % 3 == 2) ? i - 2 : i;  // every third message repeats an earlier key
@@ -495,7 +488,7 @@ void ConsumerTest::RunAdjacentBatchesSharingKeys(bool start_batches) {
   }
   auto options = Options();
   options.batch_size = 5;
-  Consumer consumer(store, broker_, Recording(), options);
+  Consumer consumer(*store_, broker_, Recording(), options);
   Drain(consumer);
   std::map<std::string, int> per_key;
   std::map<std::string, std::vector<int>> order;
@@ -507,22 +500,10 @@ void ConsumerTest::RunAdjacentBatchesSharingKeys(bool start_batches) {
   for (const auto& [p, ks] : order) EXPECT_TRUE(std::is_sorted(ks.begin(), ks.end())) << p;
   EXPECT_EQ(broker_.Acknowledged().size(), 40u);
   EXPECT_EQ(consumer.counts().replayed, 40u - per_key.size());
-  // Pipelined with StartBatch: each batch after the first went with its predecessor's
-  // completions, one StartBatch each (8 batches of 5).
-  EXPECT_EQ(store.start_batches(), GetParam() && start_batches ? 7u : 0u);
-}
-
-TEST_P(ConsumerTest, AdjacentBatchesSharingKeysRunEachKeyOnceInOrder) {
-  RunAdjacentBatchesSharingKeys(/*start_batches=*/true);
-}
-
-TEST_P(ConsumerTest, AdjacentBatchesSharingKeysRunOnceInOrderWithoutStartBatch) {
-  RunAdjacentBatchesSharingKeys(/*start_batches=*/false);
 }
 
 TEST_P(ConsumerTest, ACompletionThatFailsKeepsItsPartitionInOrder) {
   FaultyStore faulty(*store_);
-  faulty.AnswerStartBatch(true);  // pipelined, completions go with the next begins
   for (const char* k : {"a", "b", "c", "d"}) broker_.PublishKeyed("p0", k);
   for (const char* k : {"x", "y"}) broker_.PublishKeyed("p1", k);
   auto options = Options();

@@ -22,17 +22,6 @@ Result<WriteAnswer> FaultyStore::Complete(const CompleteRequest& req) {
   IDEM_FAULT(kComplete);
   return inner_.Complete(req);
 }
-bool FaultyStore::StartBatch(std::span<const BeginRequest> begins,
-                             std::span<const CompleteRequest> completes,
-                             std::function<void(BatchAnswers)> done) {
-  if (!start_batches_.load()) return false;
-  started_.fetch_add(1);
-  BatchAnswers answers;
-  answers.completes = CompleteBatch(completes);  // the default: Complete, one by one
-  answers.begins = BeginBatch(begins);
-  done(std::move(answers));
-  return true;
-}
 Result<WriteAnswer> FaultyStore::Release(std::string_view scope, std::string_view key,
                                          Token token) {
   IDEM_FAULT(kRelease);

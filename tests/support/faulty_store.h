@@ -30,16 +30,10 @@ class FaultyStore : public Store {
   void Heal() { failing_.store(0); }
   // How many calls were refused.
   std::uint64_t refused() const { return refused_.load(); }
-  // Whether StartBatch answers (inline, through Begin and Complete and their faults) or
-  // returns false, as a store whose calls block does. Off by default.
-  void AnswerStartBatch(bool on) { start_batches_.store(on); }
-  std::uint64_t start_batches() const { return started_.load(); }
 
   std::string_view Name() const override { return "faulty"; }
   Result<BeginAnswer> Begin(const BeginRequest& req) override;
   Result<WriteAnswer> Complete(const CompleteRequest& req) override;
-  bool StartBatch(std::span<const BeginRequest> begins, std::span<const CompleteRequest> completes,
-                  std::function<void(BatchAnswers)> done) override;
   Result<WriteAnswer> Release(std::string_view scope, std::string_view key, Token token) override;
   Result<WriteAnswer> Extend(std::string_view scope, std::string_view key, Token token,
                              std::chrono::milliseconds lease) override;
@@ -67,8 +61,6 @@ class FaultyStore : public Store {
   Store& inner_;
   std::atomic<std::uint32_t> failing_{0};
   std::atomic<std::uint64_t> refused_{0};
-  std::atomic<bool> start_batches_{false};
-  std::atomic<std::uint64_t> started_{0};
 };
 
 }  // namespace idem::testing
