@@ -246,7 +246,7 @@ void KafkaBroker::RebalanceCallback(rd_kafka_t*, rd_kafka_resp_err_t err,
   static_cast<KafkaBroker*>(opaque)->Rebalance(err, partitions);
 }
 
-// Called from inside Poll (or the destructor's close): no batch is being processed, so nothing
+// Called from inside Poll or from Close (the destructor): no batch is being processed, so nothing
 // of the revoked partitions is in flight except what the current Poll collected.
 void KafkaBroker::Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* partitions) {
   // Always the cooperative protocol: the adapter fixes cooperative-sticky. Not asked of
@@ -484,41 +484,39 @@ Status KafkaBroker::CommitPending() {
   Event result;
   if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
     result.reset(rd_kafka_queue_poll(replies.get(), TimeoutMs(CommitTimeout())));
-    err = result == nullptr ? RD_KAFKA_RESP_ERR__TIMED_OUT : rd_kafka_event_error(result.get());
-  }
-  const rd_kafka_topic_partition_list_t* answered =
-      result == nullptr ? nullptr : rd_kafka_event_topic_partition_list(result.get());
-  commit_failed_ = false;
-  std::string failed;
-  for (std::size_t i = 0; i < states.size(); ++i) {
-    PartitionState* state = states[i];
-    rd_kafka_resp_err_t partition_err = err;
-    if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      const rd_kafka_topic_partition_t* tp =
-          answered == nullptr ? nullptr
-                              : rd_kafka_topic_partition_list_find(answered, state->topic.c_str(),
-                                                                   state->partition);
-      partition_err = tp == nullptr ? RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION : tp->err;
-    }
-    if (partition_err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      const std::int64_t offset = list->elems[i].offset;
-      state->committed = offset;
-      while (!state->keys.empty() && state->keys.front().first < offset) state->keys.pop_front();
-      state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(offset));
-    } else if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      failed += std::string(failed.empty() ? "" : ", ") + state->name + ": " +
-                rd_kafka_err2str(partition_err);
-    }
-  }
-  if (err != RD_KAFKA_RESP_ERR_NO_ERROR || !failed.empty()) {
-    commit_failed_ = true;
-    if (result == nullptr && err == RD_KAFKA_RESP_ERR__TIMED_OUT) {
+    if (result == nullptr) {
+      commit_failed_ = true;
       return UnavailableError("kafka: commit not answered within " +
                               std::to_string(CommitTimeout().count()) + " ms");
     }
-    return UnavailableError("kafka: commit failed: " +
-                            (failed.empty() ? std::string(rd_kafka_err2str(err)) : failed));
+    err = rd_kafka_event_error(result.get());
   }
+  if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    commit_failed_ = true;
+    return UnavailableError(std::string("kafka: commit failed: ") + rd_kafka_err2str(err));
+  }
+  const rd_kafka_topic_partition_list_t* answered =
+      rd_kafka_event_topic_partition_list(result.get());
+  std::string failed;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    PartitionState* state = states[i];
+    const rd_kafka_topic_partition_t* tp =
+        answered == nullptr
+            ? nullptr
+            : rd_kafka_topic_partition_list_find(answered, state->topic.c_str(), state->partition);
+    const rd_kafka_resp_err_t partition_err =
+        tp == nullptr ? RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION : tp->err;
+    if (partition_err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      failed += (failed.empty() ? "" : ", ") + state->name + ": " + rd_kafka_err2str(partition_err);
+      continue;
+    }
+    const std::int64_t offset = list->elems[i].offset;
+    state->committed = offset;
+    while (!state->keys.empty() && state->keys.front().first < offset) state->keys.pop_front();
+    state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(offset));
+  }
+  commit_failed_ = !failed.empty();
+  if (commit_failed_) return UnavailableError("kafka: commit failed: " + failed);
   return {};
 }
 
