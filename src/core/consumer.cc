@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -414,6 +415,48 @@ struct Consumer::Impl {
     if (requests.empty()) return answers;
     core::Stopwatch sw;
     answers = store.BeginBatch(requests);
+    NoteBegins(r, answers, sw);
+    return answers;
+  }
+
+  // A batch's begins in flight through Store::StartBatch (answered once durable).
+  struct StartedBegins {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<std::vector<Result<BeginAnswer>>> answers;
+    core::Stopwatch sw;
+  };
+
+  // Starts the begins without waiting for them, where the store can (StartBatch), so that a
+  // durable store's sync runs while the previous batch is acknowledged; nullptr when the store
+  // only answers through BeginBatch (from then on, it is not asked again) or there is nothing
+  // to begin.
+  std::shared_ptr<StartedBegins> StartBegins(std::span<const BeginRequest> requests) {
+    if (requests.empty() || !store_starts_batches) return nullptr;
+    auto started = std::make_shared<StartedBegins>();
+    const bool accepted = store.StartBatch(requests, {}, [started](BatchAnswers answers) {
+      std::lock_guard lock(started->mu);
+      started->answers = std::move(answers.begins);
+      started->cv.notify_one();
+    });
+    if (!accepted) {
+      store_starts_batches = false;
+      return nullptr;
+    }
+    return started;
+  }
+
+  std::vector<Result<BeginAnswer>> AwaitBegins(Round& r, StartedBegins& started) {
+    std::unique_lock lock(started.mu);
+    started.cv.wait(lock, [&] { return started.answers.has_value(); });
+    std::vector<Result<BeginAnswer>> answers = std::move(*started.answers);
+    lock.unlock();
+    NoteBegins(r, answers, started.sw);
+    return answers;
+  }
+
+  void NoteBegins(Round& r, const std::vector<Result<BeginAnswer>>& answers,
+                  const core::Stopwatch& sw) {
     if (metrics) {
       metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
       for (const auto& a : answers) CountBegin(*metrics, a);
@@ -423,7 +466,6 @@ struct Consumer::Impl {
       const auto& a = answers[static_cast<std::size_t>(item.begin_index)];
       if (a && std::holds_alternative<Acquired>(*a)) item.acquired = std::get<Acquired>(*a);
     }
-    return answers;
   }
 
   // Runs the handlers, partition by partition, in broker order.
@@ -471,8 +513,17 @@ struct Consumer::Impl {
     std::vector<BeginRequest> requests = Requests(r);
     // A key the previous batch is still completing would answer Busy: let it land first.
     if (tail && SharesKeys(*tail, r)) WaitTail();
-    std::vector<Result<BeginAnswer>> answers = BeginAll(r, requests);
-    Status tail_status = FinishTail(&r);  // its completions were stored meanwhile
+    // The previous batch is acknowledged (its completions were stored meanwhile) while this
+    // one's begins are on their way to the disk, where the store can start them.
+    std::vector<Result<BeginAnswer>> answers;
+    Status tail_status;
+    if (std::shared_ptr<StartedBegins> started = StartBegins(requests)) {
+      tail_status = FinishTail(&r);
+      answers = AwaitBegins(r, *started);
+    } else {
+      answers = BeginAll(r, requests);
+      tail_status = FinishTail(&r);
+    }
     SettleAll(r, answers);
     if (pipelined) {
       StartTail(std::move(*polled));
@@ -687,7 +738,8 @@ struct Consumer::Impl {
   std::thread completer;
   std::mutex tail_mu;
   std::condition_variable tail_cv;
-  bool tail_stored = true;  // the completer finished the tail's CompleteBatch
+  bool tail_stored = true;           // the completer finished the tail's CompleteBatch
+  bool store_starts_batches = true;  // until the store's StartBatch declines
   bool completer_quit = false;
   std::mt19937_64 completer_rng{std::random_device{}()};
 

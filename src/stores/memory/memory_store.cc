@@ -578,9 +578,10 @@ class MemoryStore final : public memory_internal::Engine {
     return r;
   }
 
-  Shard& ShardFor(std::uint64_t hash) {
-    return shards_[bits_ == 0 ? 0 : static_cast<std::size_t>(hash >> (64 - bits_))];
+  std::size_t ShardIndex(std::uint64_t hash) const {
+    return bits_ == 0 ? 0 : static_cast<std::size_t>(hash >> (64 - bits_));
   }
+  Shard& ShardFor(std::uint64_t hash) { return shards_[ShardIndex(hash)]; }
 
   // Caller holds sh.mu.
   Result<BeginAnswer> BeginLocked(Shard& sh, const RecordId& id, const BeginRequest& req,
@@ -801,7 +802,8 @@ Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view
 }
 
 // Batches: validate and locate every request first (their key and index misses overlap),
-// sort them by shard (stably: repeats of a key keep their order), then, a chunk at a time,
+// order them by shard (a counting sort, stable: repeats of a key keep their order), then, a
+// chunk at a time,
 // lock the chunk's shards in address order (so batches cannot deadlock), prefetch every
 // candidate record, and only then decide, request by request.
 template <typename Req, typename Answer, typename Check, typename Decide>
@@ -813,8 +815,10 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
   }
   std::uint64_t ticket = 0;
   std::vector<RecordId> ids(reqs.size());
-  std::vector<std::uint32_t> order;
-  order.reserve(reqs.size());
+  // starts[s + 1] counts the requests of shard s, then becomes where shard s's run begins in
+  // `order`; shard order is address order (one array), the locking order below.
+  std::vector<std::uint32_t> starts(shard_count_ + 1, 0);
+  std::size_t valid = 0;
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     Status st = check(reqs[i]);
     if (!st.ok()) {
@@ -822,12 +826,16 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
       continue;
     }
     ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key, fixed_shards_);
-    ShardFor(ids[i].shard_hash).index.Prefetch(ids[i].tag());
-    order.push_back(static_cast<std::uint32_t>(i));
+    const std::size_t shard = ShardIndex(ids[i].shard_hash);
+    shards_[shard].index.Prefetch(ids[i].tag());
+    ++starts[shard + 1];
+    ++valid;
   }
-  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return &ShardFor(ids[a].shard_hash) < &ShardFor(ids[b].shard_hash);
-  });
+  for (std::size_t s = 1; s < starts.size(); ++s) starts[s] += starts[s - 1];
+  std::vector<std::uint32_t> order(valid);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    if (!answers[i]) order[starts[ShardIndex(ids[i].shard_hash)]++] = static_cast<std::uint32_t>(i);
+  }
   // A chunk at a time, so a huge batch does not hold every shard for long.
   if (journal_ != nullptr) journal_->BeginGroup();
   std::vector<Shard*> locked;
