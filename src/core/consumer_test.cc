@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -15,10 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "idem/stores/log.h"
 #include "idem/stores/memory.h"
+#include "stores/log/log_store_internal.h"
 #include "tests/support/consumer_helpers.h"
 #include "tests/support/fake_broker.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/faulty_file_system.h"
 #include "tests/support/faulty_store.h"
 
 namespace idem {
@@ -329,6 +333,48 @@ TEST_P(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
   Drain(consumer);
   EXPECT_EQ(runs_.size(), 4u);
   EXPECT_EQ(broker_.Acknowledged().size(), 4u);
+}
+
+// The log store answers the consumer's begins from its flusher thread, once they are durable
+// (Store::StartBatch). A sync that fails fails them: nothing of the batch runs or is
+// acknowledged, and all of it goes back to the broker.
+TEST_P(ConsumerTest, ALogStoreWhoseSyncFailsRunsNothingAndAcknowledgesNothing) {
+  testing::FaultyFileSystem fs;
+  const std::string dir = ::testing::TempDir() + "idem-consumer-log-" + std::to_string(::getpid()) +
+                          (GetParam() ? "-p" : "-s");
+  std::filesystem::remove_all(dir);
+  LogStoreOptions lo;
+  lo.dir = dir;
+  lo.clock = &clock_;
+  lo.reclaim_interval = milliseconds(0);
+  auto log = log::OpenLogStoreWith(lo, fs);
+  ASSERT_TRUE(log.has_value()) << log.error().ToString();
+  for (int i = 0; i < 6; ++i) {
+    broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
+  }
+  {
+    Consumer consumer(**log, broker_, Recording(), Options());
+    auto n = Round(consumer);
+    ASSERT_TRUE(n.has_value()) << n.error().ToString();
+    EXPECT_EQ(runs_.size(), 6u);
+    EXPECT_EQ(broker_.Acknowledged().size(), 6u);
+
+    fs.FailSyncs(true);
+    for (int i = 6; i < 10; ++i) {
+      broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
+    }
+    auto r = Round(consumer);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), StatusCode::kUnavailable) << r.error().ToString();
+    EXPECT_EQ(runs_.size(), 6u);
+    EXPECT_EQ(broker_.Acknowledged().size(), 6u);
+    EXPECT_EQ(broker_.Redelivered(), 4u);
+    EXPECT_EQ(broker_.Queued(), 4u);
+    // One per partition: a partition stops at its first failed begin.
+    EXPECT_EQ(consumer.counts().store_errors, 2u);
+  }
+  log->reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_P(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
