@@ -590,6 +590,8 @@ class MemoryStore final : public memory_internal::Engine {
                              Timestamp now, std::uint64_t& ticket);
   template <typename Req, typename Answer, typename Check, typename Decide>
   std::vector<Result<Answer>> RunBatch(std::span<const Req> reqs, Check check, Decide decide);
+  static constexpr std::uint32_t kAnswered = ~std::uint32_t{0};  // OrderByShard: left out
+  std::vector<std::uint32_t> OrderByShard(std::span<const std::uint32_t> shard_of) const;
 
   Status CheckClient(std::string_view scope, std::string_view client_id) const;
   Status CheckEntity(std::string_view scope, std::string_view entity) const;
@@ -801,9 +803,39 @@ Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view
   });
 }
 
+// Request indices grouped by shard in shard order (which is address order, the locking order
+// of batches), each shard's in request order; requests marked kAnswered are left out.
+std::vector<std::uint32_t> MemoryStore::OrderByShard(
+    std::span<const std::uint32_t> shard_of) const {
+  std::vector<std::uint32_t> order;
+  order.reserve(shard_of.size());
+  if (shard_count_ <= 4 * shard_of.size() + 64) {
+    // A counting sort: starts[s + 1] counts shard s's requests, then becomes where its run
+    // begins. Several times cheaper than a comparison sort for the default 64 shards.
+    std::vector<std::uint32_t> starts(shard_count_ + 1, 0);
+    for (std::uint32_t s : shard_of) {
+      if (s != kAnswered) ++starts[s + 1];
+    }
+    for (std::size_t s = 1; s < starts.size(); ++s) starts[s] += starts[s - 1];
+    order.resize(starts.back());
+    for (std::size_t i = 0; i < shard_of.size(); ++i) {
+      if (shard_of[i] != kAnswered) order[starts[shard_of[i]]++] = static_cast<std::uint32_t>(i);
+    }
+    return order;
+  }
+  // Many shards and a small batch: sort (shard, index) pairs packed into plain integers.
+  std::vector<std::uint64_t> packed;
+  packed.reserve(shard_of.size());
+  for (std::size_t i = 0; i < shard_of.size(); ++i) {
+    if (shard_of[i] != kAnswered) packed.push_back(std::uint64_t{shard_of[i]} << 32 | i);
+  }
+  std::sort(packed.begin(), packed.end());
+  for (std::uint64_t p : packed) order.push_back(static_cast<std::uint32_t>(p));
+  return order;
+}
+
 // Batches: validate and locate every request first (their key and index misses overlap),
-// order them by shard (a counting sort, stable: repeats of a key keep their order), then, a
-// chunk at a time,
+// order them by shard (stably: repeats of a key keep their order), then, a chunk at a time,
 // lock the chunk's shards in address order (so batches cannot deadlock), prefetch every
 // candidate record, and only then decide, request by request.
 template <typename Req, typename Answer, typename Check, typename Decide>
@@ -815,10 +847,7 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
   }
   std::uint64_t ticket = 0;
   std::vector<RecordId> ids(reqs.size());
-  // starts[s + 1] counts the requests of shard s, then becomes where shard s's run begins in
-  // `order`; shard order is address order (one array), the locking order below.
-  std::vector<std::uint32_t> starts(shard_count_ + 1, 0);
-  std::size_t valid = 0;
+  std::vector<std::uint32_t> shard_of(reqs.size(), kAnswered);
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     Status st = check(reqs[i]);
     if (!st.ok()) {
@@ -826,16 +855,10 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
       continue;
     }
     ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key, fixed_shards_);
-    const std::size_t shard = ShardIndex(ids[i].shard_hash);
-    shards_[shard].index.Prefetch(ids[i].tag());
-    ++starts[shard + 1];
-    ++valid;
+    shard_of[i] = static_cast<std::uint32_t>(ShardIndex(ids[i].shard_hash));
+    shards_[shard_of[i]].index.Prefetch(ids[i].tag());
   }
-  for (std::size_t s = 1; s < starts.size(); ++s) starts[s] += starts[s - 1];
-  std::vector<std::uint32_t> order(valid);
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    if (!answers[i]) order[starts[ShardIndex(ids[i].shard_hash)]++] = static_cast<std::uint32_t>(i);
-  }
+  const std::vector<std::uint32_t> order = OrderByShard(shard_of);
   // A chunk at a time, so a huge batch does not hold every shard for long.
   if (journal_ != nullptr) journal_->BeginGroup();
   std::vector<Shard*> locked;
