@@ -415,7 +415,7 @@ struct Consumer::Impl {
     if (requests.empty()) return answers;
     core::Stopwatch sw;
     answers = store.BeginBatch(requests);
-    NoteBegins(r, answers, sw);
+    NoteBegins(r, answers, sw.Elapsed());
     return answers;
   }
 
@@ -425,6 +425,7 @@ struct Consumer::Impl {
     std::condition_variable cv;
     std::optional<std::vector<Result<BeginAnswer>>> answers;
     core::Stopwatch sw;
+    std::chrono::nanoseconds took{0};  // until the store answered (the metric's latency)
   };
 
   // Starts the begins without waiting for them, where the store can (StartBatch), so that a
@@ -436,6 +437,7 @@ struct Consumer::Impl {
     auto started = std::make_shared<StartedBegins>();
     const bool accepted = store.StartBatch(requests, {}, [started](BatchAnswers answers) {
       std::lock_guard lock(started->mu);
+      started->took = started->sw.Elapsed();
       started->answers = std::move(answers.begins);
       started->cv.notify_one();
     });
@@ -450,15 +452,16 @@ struct Consumer::Impl {
     std::unique_lock lock(started.mu);
     started.cv.wait(lock, [&] { return started.answers.has_value(); });
     std::vector<Result<BeginAnswer>> answers = std::move(*started.answers);
+    const std::chrono::nanoseconds took = started.took;
     lock.unlock();
-    NoteBegins(r, answers, started.sw);
+    NoteBegins(r, answers, took);
     return answers;
   }
 
   void NoteBegins(Round& r, const std::vector<Result<BeginAnswer>>& answers,
-                  const core::Stopwatch& sw) {
+                  std::chrono::nanoseconds took) {
     if (metrics) {
-      metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
+      metrics->store_begin_seconds->ObserveDuration(took);
       for (const auto& a : answers) CountBegin(*metrics, a);
     }
     for (Item& item : r.items) {
