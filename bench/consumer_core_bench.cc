@@ -14,6 +14,7 @@
 // to each message. The broker benchmarks (bench/kafka, bench/redis_streams, bench/nats) measure
 // the same thing end to end, where the broker's own noise hides it.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>

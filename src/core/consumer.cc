@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -419,43 +420,37 @@ struct Consumer::Impl {
     return answers;
   }
 
-  // A batch's begins in flight through Store::StartBatch (answered once durable).
+  // What the store answered to begins started with Store::StartBatch, and how long it took
+  // (the metric's latency: until the store answered, not until the consumer looked).
   struct StartedBegins {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<std::vector<Result<BeginAnswer>>> answers;
-    core::Stopwatch sw;
-    std::chrono::nanoseconds took{0};  // until the store answered (the metric's latency)
+    std::vector<Result<BeginAnswer>> answers;
+    std::chrono::nanoseconds took{0};
   };
 
   // Starts the begins without waiting for them, where the store can (StartBatch), so that a
-  // durable store's sync runs while the previous batch is acknowledged; nullptr when the store
+  // durable store's sync runs while the previous batch is acknowledged; nullopt when the store
   // only answers through BeginBatch (from then on, it is not asked again) or there is nothing
   // to begin.
-  std::shared_ptr<StartedBegins> StartBegins(std::span<const BeginRequest> requests) {
-    if (requests.empty() || !store_starts_batches) return nullptr;
-    auto started = std::make_shared<StartedBegins>();
-    const bool accepted = store.StartBatch(requests, {}, [started](BatchAnswers answers) {
-      std::lock_guard lock(started->mu);
-      started->took = started->sw.Elapsed();
-      started->answers = std::move(answers.begins);
-      started->cv.notify_one();
-    });
+  std::optional<std::future<StartedBegins>> StartBegins(std::span<const BeginRequest> requests) {
+    if (requests.empty() || !store_starts_batches) return std::nullopt;
+    // Shared with the callback, which the store may call on its own thread.
+    auto promise = std::make_shared<std::promise<StartedBegins>>();
+    std::future<StartedBegins> answered = promise->get_future();
+    const bool accepted =
+        store.StartBatch(requests, {}, [promise, sw = core::Stopwatch()](BatchAnswers answers) {
+          promise->set_value({std::move(answers.begins), sw.Elapsed()});
+        });
     if (!accepted) {
       store_starts_batches = false;
-      return nullptr;
+      return std::nullopt;
     }
-    return started;
+    return answered;
   }
 
-  std::vector<Result<BeginAnswer>> AwaitBegins(Round& r, StartedBegins& started) {
-    std::unique_lock lock(started.mu);
-    started.cv.wait(lock, [&] { return started.answers.has_value(); });
-    std::vector<Result<BeginAnswer>> answers = std::move(*started.answers);
-    const std::chrono::nanoseconds took = started.took;
-    lock.unlock();
-    NoteBegins(r, answers, took);
-    return answers;
+  std::vector<Result<BeginAnswer>> AwaitBegins(Round& r, std::future<StartedBegins>& answered) {
+    StartedBegins got = answered.get();
+    NoteBegins(r, got.answers, got.took);
+    return std::move(got.answers);
   }
 
   void NoteBegins(Round& r, const std::vector<Result<BeginAnswer>>& answers,
@@ -520,7 +515,7 @@ struct Consumer::Impl {
     // one's begins are on their way to the disk, where the store can start them.
     std::vector<Result<BeginAnswer>> answers;
     Status tail_status;
-    if (std::shared_ptr<StartedBegins> started = StartBegins(requests)) {
+    if (std::optional<std::future<StartedBegins>> started = StartBegins(requests)) {
       tail_status = FinishTail(&r);
       answers = AwaitBegins(r, *started);
     } else {
