@@ -136,6 +136,17 @@ void Rebalance(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition
   if (error != nullptr) rd_kafka_error_destroy(error);
 }
 
+// Takes (and frees) the answer to a commit sent with rd_kafka_commit_queue.
+void AwaitPlainCommit(rd_kafka_queue_t*& replies) {
+  rd_kafka_event_t* answer = rd_kafka_queue_poll(replies, 30'000);
+  if (answer == nullptr || rd_kafka_event_error(answer) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    Die("plain commit failed");
+  }
+  rd_kafka_event_destroy(answer);
+  rd_kafka_queue_destroy(replies);
+  replies = nullptr;
+}
+
 Run Plain(const std::string& bootstrap, const std::string& topic, const Flags& flags, int round) {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
@@ -168,6 +179,7 @@ Run Plain(const std::string& bootstrap, const std::string& topic, const Flags& f
   std::vector<std::int64_t> next(static_cast<std::size_t>(flags.partitions), -1);
   std::size_t consumed = 0;
   std::uint64_t checksum = 0;  // so that reading the payload and key is not optimised away
+  rd_kafka_queue_t* in_flight = nullptr;  // the reply queue of the commit in flight
   Meter meter(flags.settle);
   while (consumed < flags.messages) {
     const Clock::time_point began = Clock::now();
@@ -208,12 +220,20 @@ Run Plain(const std::string& bootstrap, const std::string& topic, const Flags& f
             ->offset = next[p];
       }
     }
-    if (commit->cnt > 0 && rd_kafka_commit(rk, commit, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      Die("plain commit failed");
+    // As the adapter commits: one commit in flight, sent without waiting; its answer is taken
+    // before the next one goes.
+    if (in_flight != nullptr) AwaitPlainCommit(in_flight);
+    if (commit->cnt > 0) {
+      in_flight = rd_kafka_queue_new(rk);
+      if (rd_kafka_commit_queue(rk, commit, in_flight, nullptr, nullptr) !=
+          RD_KAFKA_RESP_ERR_NO_ERROR) {
+        Die("plain commit failed");
+      }
     }
     rd_kafka_topic_partition_list_destroy(commit);
     meter.Round(consumed - before, began);
   }
+  if (in_flight != nullptr) AwaitPlainCommit(in_flight);
   const Run run = meter.Result();
   rd_kafka_queue_destroy(queue);
   rd_kafka_consumer_close(rk);

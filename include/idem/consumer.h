@@ -103,7 +103,15 @@ class Broker {
 
   // The messages are settled: never deliver them again (Kafka: commit the offsets; JetStream:
   // ack; Redis: XACK). All come from earlier Polls of this broker.
+  // An adapter may send the acknowledgement and return before the broker answered (Kafka:
+  // the commit's round trip overlaps the next batch); a failure then shows in a later call.
+  // Never before the messages are settled: acknowledging is what the consumer does last.
   virtual Status Acknowledge(std::span<const BrokerMessage* const> messages) = 0;
+
+  // Waits until every earlier acknowledgement was answered by the broker (and sends again
+  // what failed); the error of one that failed. The consumer calls it from Flush() and when it
+  // stops. Default: nothing to wait for (the adapter acknowledges synchronously).
+  virtual Status Settle();
 
   // Hand the messages back unsettled: deliver them again, no sooner than `delay`, in their
   // order, and never lose them across a crash. The consumer passes a message together with
@@ -191,7 +199,8 @@ class Consumer {
   // stopped the round (nothing unsettled was acknowledged). With options.pipeline the round
   // completes and acknowledges the previous batch, and leaves its own completing: Flush().
   Result<std::size_t> RunOnce();
-  // Completes and acknowledges a batch a pipelined RunOnce left behind; ok when there is none.
+  // Completes and acknowledges a batch a pipelined RunOnce left behind, then waits for the
+  // broker's answers to the acknowledgements (Broker::Settle); ok when nothing was left.
   Status Flush();
   // Rounds until Stop(), then Flush(); backs off after errors.
   void Run();

@@ -49,6 +49,8 @@ std::vector<std::pair<std::string, std::string>> DeadLetterHeaders(const BrokerM
 
 Status Broker::Touch(std::span<const BrokerMessage* const>) { return OkStatus(); }
 
+Status Broker::Settle() { return OkStatus(); }
+
 namespace {
 
 // The consumer's own counters, next to the standard idem_* metrics of its scope.
@@ -793,6 +795,17 @@ struct Consumer::Impl {
     return s;
   }
 
+  // The previous batch completed and acknowledged, and the broker's answers to the
+  // acknowledgements in: nothing of what this consumer did is left in flight.
+  Status Drain() {
+    Status s = FinishTail(nullptr);
+    if (Status settled = broker.Settle(); !settled.ok()) {
+      Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
+      if (s.ok()) s = std::move(settled);
+    }
+    return s;
+  }
+
   void StopCompleter() {
     {
       std::lock_guard lock(tail_mu);
@@ -812,7 +825,7 @@ struct Consumer::Impl {
       }
       Sleep(Backoff(++failures, rng));
     }
-    (void)FinishTail(nullptr);
+    (void)Drain();
   }
 };
 
@@ -820,13 +833,13 @@ Consumer::Consumer(Store& store, Broker& broker, MessageHandler handler, Consume
     : impl_(std::make_unique<Impl>(store, broker, std::move(handler), std::move(options))) {}
 
 Consumer::~Consumer() {
-  (void)impl_->FinishTail(nullptr);
+  (void)impl_->Drain();
   impl_->StopCompleter();
 }
 
 Result<std::size_t> Consumer::RunOnce() { return impl_->RunOnce(impl_->options.pipeline); }
 
-Status Consumer::Flush() { return impl_->FinishTail(nullptr); }
+Status Consumer::Flush() { return impl_->Drain(); }
 
 void Consumer::Run() { impl_->Run(); }
 

@@ -101,6 +101,7 @@ class KafkaBroker final : public Broker {
   std::string_view Name() const override { return "kafka"; }
   Result<std::vector<BrokerMessage>> Poll(std::size_t max, std::chrono::milliseconds wait) override;
   Status Acknowledge(std::span<const BrokerMessage* const> messages) override;
+  Status Settle() override;
   Status Redeliver(std::span<const BrokerMessage* const> messages,
                    std::chrono::milliseconds delay) override;
   Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override;
@@ -118,7 +119,16 @@ class KafkaBroker final : public Broker {
   Status Take(rd_kafka_message_t* message, std::vector<BrokerMessage>& out);
   Status ResumeDue(SteadyClock::time_point now);
   Status Seek(const std::vector<std::pair<PartitionState*, std::int64_t>>& targets);
+  // Waits for the answer to the commit in flight, then sends what is pending: one commit in
+  // flight at a time. Returns the first error among an earlier commit's (found by Poll), the
+  // awaited one's and the send's.
   Status CommitPending();
+  // Sends the pending offsets as one commit, without waiting for its answer (none in flight).
+  Status SendPending();
+  // Takes the answer to the commit in flight, waiting up to `wait` for it. ok when none is in
+  // flight, when it succeeded, and when `wait` is zero and it is not answered yet; kUnavailable
+  // when it failed or a positive `wait` passed without an answer (it is then given up on).
+  Status AwaitCommit(std::chrono::milliseconds wait);
   // A commit slower than a session is of no use: the group has moved on by then.
   std::chrono::milliseconds CommitTimeout() const {
     return std::min(kCommitTimeout, config_.session_timeout);
@@ -141,7 +151,16 @@ class KafkaBroker final : public Broker {
   bool rebalanced_ = false;  // a rebalance ran since the current Poll started
   bool closing_ = false;
   bool commit_failed_ = false;  // some partition's `pending` is still to be committed
-  Status deferred_;             // an error seen after a Poll had messages: the next Poll returns it
+  // The commit sent by the last Acknowledge (or Poll), not answered yet: its own reply queue
+  // (dropped, unread, if the answer never comes), and the offsets and partitions it carries.
+  struct SentCommit {
+    Queue replies;
+    PartitionList offsets;
+    std::vector<std::uint64_t> ids;  // PartitionState::id of each of `offsets`, in order
+  };
+  std::optional<SentCommit> sent_;
+  Status commit_error_;  // a failed commit whose answer Poll or a rebalance took: reported next
+  Status deferred_;      // an error seen after a Poll had messages: the next Poll returns it
   std::vector<rd_kafka_message_t*> drain_;
 };
 
@@ -216,6 +235,8 @@ Status KafkaBroker::Open() {
 // group drops the member after its session timeout.
 void KafkaBroker::Close() {
   rd_kafka_t* rk = consumer_.get();
+  // What was acknowledged is committed before the partitions go (bounded, like any commit).
+  (void)AwaitCommit(CommitTimeout());
   auto deadline = SteadyClock::now() + config_.session_timeout;
   if (rd_kafka_unsubscribe(rk) == RD_KAFKA_RESP_ERR_NO_ERROR) {
     while (!partitions_.empty() && SteadyClock::now() < deadline) {
@@ -272,8 +293,13 @@ void KafkaBroker::Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
       }
     }
   } else {
-    // Revoked (or lost): forget the partitions. A paused one is resumed first so that its
-    // pause does not outlive this assignment.
+    // Revoked (or lost): first the commit in flight is answered, so that what was acknowledged
+    // before the revoke is committed before the partitions move (as with a synchronous commit).
+    if (Status s = AwaitCommit(CommitTimeout()); !s.ok() && commit_error_.ok()) {
+      commit_error_ = std::move(s);
+    }
+    // Then forget the partitions. A paused one is resumed first so that its pause does not
+    // outlive this assignment.
     PartitionList paused(rd_kafka_topic_partition_list_new(0));
     for (int i = 0; i < partitions->cnt; ++i) {
       const auto& tp = partitions->elems[i];
@@ -410,8 +436,12 @@ Result<std::vector<BrokerMessage>> KafkaBroker::Poll(std::size_t max,
       wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(state->resume_at - now));
     }
   }
-  // Commits that failed during a rebalance; their error was reported by Acknowledge.
-  if (commit_failed_) (void)CommitPending();
+  // The answer to the commit in flight, if it came; its error goes with the next Acknowledge.
+  if (Status s = AwaitCommit(std::chrono::milliseconds(0)); !s.ok() && commit_error_.ok()) {
+    commit_error_ = std::move(s);
+  }
+  // Commits that failed (during a rebalance, say) go again, without waiting.
+  if (commit_failed_ && !sent_) (void)SendPending();
   rebalanced_ = false;
   out.reserve(std::min<std::size_t>(max, 1024));
 
@@ -465,41 +495,70 @@ Status KafkaBroker::Acknowledge(std::span<const BrokerMessage* const> messages) 
 }
 
 Status KafkaBroker::CommitPending() {
+  Status earlier = std::exchange(commit_error_, Status());
+  Status awaited = AwaitCommit(CommitTimeout());
+  Status sent = SendPending();
+  if (!earlier.ok()) return earlier;
+  return awaited.ok() ? sent : awaited;
+}
+
+Status KafkaBroker::Settle() {
+  Status s = CommitPending();
+  Status awaited = AwaitCommit(CommitTimeout());
+  return s.ok() ? awaited : s;
+}
+
+Status KafkaBroker::SendPending() {
   PartitionList list(rd_kafka_topic_partition_list_new(0));
-  std::vector<PartitionState*> states;
+  std::vector<std::uint64_t> ids;
   for (auto& [key, state] : partitions_) {
     if (state->pending <= state->committed) continue;
     rd_kafka_topic_partition_list_add(list.get(), state->topic.c_str(), state->partition)->offset =
         state->pending;
-    states.push_back(state.get());
+    ids.push_back(state->id);
   }
-  if (states.empty()) return {};
-  // A commit that fails (typically while the group rebalances) stays pending: the next Poll or
-  // Acknowledge tries it again, unless the partition is revoked first. librdkafka's synchronous
-  // commit waits without a bound (a commit it defers for a coordinator, say); this one gives up
-  // after CommitTimeout() and lets the answer, if it ever comes, go unread.
+  if (ids.empty()) return {};
+  // Sent without waiting: the round trip to the coordinator (most of a plain consumer's time
+  // per batch) overlaps the next batch, and the next Acknowledge takes the answer. A commit
+  // that fails stays pending and goes again with the next Poll or Acknowledge, unless the
+  // partition is revoked first.
   Queue replies(rd_kafka_queue_new(consumer_.get()));
   rd_kafka_resp_err_t err =
       rd_kafka_commit_queue(consumer_.get(), list.get(), replies.get(), nullptr, nullptr);
-  Event result;
-  if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-    result.reset(rd_kafka_queue_poll(replies.get(), TimeoutMs(CommitTimeout())));
-    if (result == nullptr) {
-      commit_failed_ = true;
-      return UnavailableError("kafka: commit not answered within " +
-                              std::to_string(CommitTimeout().count()) + " ms");
-    }
-    err = rd_kafka_event_error(result.get());
-  }
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    commit_failed_ = true;
+    return UnavailableError(std::string("kafka: commit failed: ") + rd_kafka_err2str(err));
+  }
+  commit_failed_ = false;
+  sent_.emplace(SentCommit{std::move(replies), std::move(list), std::move(ids)});
+  return {};
+}
+
+Status KafkaBroker::AwaitCommit(std::chrono::milliseconds wait) {
+  if (!sent_) return {};
+  // librdkafka's synchronous commit waits without a bound (a commit it defers for a
+  // coordinator, say); this gives up after `wait` and lets the answer, if it ever comes, go
+  // unread with its queue.
+  Event result(rd_kafka_queue_poll(sent_->replies.get(), TimeoutMs(wait)));
+  if (result == nullptr) {
+    if (wait <= std::chrono::milliseconds(0)) return {};
+    sent_.reset();
+    commit_failed_ = true;
+    return UnavailableError("kafka: commit not answered within " + std::to_string(wait.count()) +
+                            " ms");
+  }
+  const SentCommit sent = std::move(*sent_);
+  sent_.reset();
+  if (rd_kafka_resp_err_t err = rd_kafka_event_error(result.get()); err) {
     commit_failed_ = true;
     return UnavailableError(std::string("kafka: commit failed: ") + rd_kafka_err2str(err));
   }
   const rd_kafka_topic_partition_list_t* answered =
       rd_kafka_event_topic_partition_list(result.get());
   std::string failed;
-  for (std::size_t i = 0; i < states.size(); ++i) {
-    PartitionState* state = states[i];
+  for (std::size_t i = 0; i < sent.ids.size(); ++i) {
+    PartitionState* state = Find(sent.ids[i]);
+    if (state == nullptr) continue;  // revoked since
     const rd_kafka_topic_partition_t* tp =
         answered == nullptr
             ? nullptr
@@ -508,15 +567,15 @@ Status KafkaBroker::CommitPending() {
         tp == nullptr ? RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION : tp->err;
     if (partition_err != RD_KAFKA_RESP_ERR_NO_ERROR) {
       failed += (failed.empty() ? "" : ", ") + state->name + ": " + rd_kafka_err2str(partition_err);
+      commit_failed_ = true;
       continue;
     }
-    const std::int64_t offset = list->elems[i].offset;
-    state->committed = offset;
+    const std::int64_t offset = sent.offsets->elems[i].offset;
+    state->committed = std::max(state->committed, offset);
     while (!state->keys.empty() && state->keys.front().first < offset) state->keys.pop_front();
     state->handbacks.erase(state->handbacks.begin(), state->handbacks.lower_bound(offset));
   }
-  commit_failed_ = !failed.empty();
-  if (commit_failed_) return UnavailableError("kafka: commit failed: " + failed);
+  if (!failed.empty()) return UnavailableError("kafka: commit failed: " + failed);
   return {};
 }
 

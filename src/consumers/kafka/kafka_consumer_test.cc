@@ -99,6 +99,7 @@ TEST_F(KafkaConsumerTest, AHandlerThatFailsTwiceRunsThreeTimesAndIsAcknowledged)
   const ConsumerCounts counts = consumer.counts();
   EXPECT_EQ(counts.retries, 2u);
   EXPECT_EQ(counts.dead_lettered, 0u);
+  ASSERT_TRUE(consumer.Flush().ok());  // the last commit answered
   auto committed = CommittedOffset(cluster_->bootstrap(), group, topic_, 2);
   ASSERT_TRUE(committed) << committed.error().ToString();
   EXPECT_EQ(*committed, 1);
@@ -124,6 +125,7 @@ TEST_F(KafkaConsumerTest, AHandlerThatAlwaysFailsIsDeadLetteredAfterMaxAttempts)
   ASSERT_TRUE(RunUntil(consumer, 30s, [&] { return consumer.counts().dead_lettered == 2; }));
   EXPECT_THAT(attempts, ElementsAre(1u, 2u, 3u));
   EXPECT_EQ(consumer.counts().poison, 1u);
+  ASSERT_TRUE(consumer.Flush().ok());
   auto committed = CommittedOffset(cluster_->bootstrap(), group, topic_, 0);
   ASSERT_TRUE(committed);
   EXPECT_EQ(*committed, 2);

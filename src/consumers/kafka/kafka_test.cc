@@ -158,6 +158,7 @@ TEST_F(KafkaTest, AcknowledgeCommitsSoTheGroupResumesAfterIt) {
     ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 0, 12)).ok());
     // Acknowledging again, or an older message, never moves the commit back.
     ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 3, 4)).ok());
+    // The broker is closed without Settle(): closing waits for the commit in flight.
   }
   auto committed = CommittedOffset(cluster_->bootstrap(), group, topic_, 1);
   ASSERT_TRUE(committed) << committed.error().ToString();
@@ -227,7 +228,7 @@ TEST_F(KafkaTest, ASecondConsumerTakesOverPartitionsIncrementally) {
   }
   // Both poll and acknowledge until the second has partitions and every new message came. A
   // commit may fail while the group rebalances (those messages may come again); a message whose
-  // acknowledgement succeeded never comes again.
+  // commit succeeded never comes again.
   std::map<std::string, std::vector<std::string>> by_partition;
   std::set<std::string> seen;
   std::set<std::string> acked;
@@ -243,7 +244,8 @@ TEST_F(KafkaTest, ASecondConsumerTakesOverPartitionsIncrementally) {
         seen.insert(m.payload);
         by_partition[(b == first.get() ? "first " : "second ") + m.partition].push_back(m.payload);
       }
-      if (b->Acknowledge(Pointers(*batch)).ok()) {
+      // Settle: the commit's answer, which Acknowledge does not wait for.
+      if (b->Acknowledge(Pointers(*batch)).ok() && b->Settle().ok()) {
         for (const auto& m : *batch) acked.insert(m.payload);
       }
     }
@@ -274,10 +276,15 @@ TEST_F(KafkaTest, ACommitOrCloseTheClusterDoesNotAnswerEndsWithinItsBound) {
   auto got = PollAtLeast(*broker, 5, 30s);
   ASSERT_TRUE(got);
   ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 0, 2)).ok());
+  ASSERT_TRUE(broker->Settle().ok());
 
   ASSERT_TRUE(cluster_->process().Kill(SIGSTOP).ok());
+  // The commit is sent without waiting for its answer: Acknowledge returns at once, and the
+  // missing answer is the error of the next call that waits for it.
   auto started = std::chrono::steady_clock::now();
-  Status acked = broker->Acknowledge(Pointers(*got, 2, 5));
+  ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 2, 5)).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1s);
+  Status acked = broker->Settle();
   auto took = std::chrono::steady_clock::now() - started;
   EXPECT_EQ(acked.code(), StatusCode::kUnavailable) << acked.ToString();
   EXPECT_THAT(acked.message(), HasSubstr("commit"));
@@ -323,6 +330,7 @@ TEST_F(KafkaTest, RedeliverSeeksBackPausesAndHoldsTheCommit) {
   ASSERT_TRUE(broker->Redeliver(Pointers(p3, 4), 700ms).ok());
   // A (wrong) acknowledgement of a later message does not commit past the handed-back one.
   ASSERT_TRUE(broker->Acknowledge(Pointers(p3, 9)).ok());
+  ASSERT_TRUE(broker->Settle().ok());
   auto committed = CommittedOffset(cluster_->bootstrap(), group, topic_, 3);
   ASSERT_TRUE(committed);
   EXPECT_EQ(*committed, 4);
@@ -359,6 +367,7 @@ TEST_F(KafkaTest, RedeliverSeeksBackPausesAndHoldsTheCommit) {
   // Acknowledged at last: the commit moves past them.
   ASSERT_TRUE(broker->Acknowledge(Pointers(again, 0, 2)).ok());
   ASSERT_TRUE(broker->Acknowledge(Pointers(*third)).ok());
+  ASSERT_TRUE(broker->Settle().ok());
   committed = CommittedOffset(cluster_->bootstrap(), group, topic_, 3);
   ASSERT_TRUE(committed);
   EXPECT_EQ(*committed, 10);

@@ -1,6 +1,6 @@
 // kafka_test_consumer BOOTSTRAP GROUP TOPIC COUNT ACK: a consumer process for kafka_test to
 // kill. Polls until COUNT messages arrived, acknowledges the first ACK of them, prints
-// "polled COUNT" and waits to be killed.
+// "polled COUNT" once that commit is answered, and waits to be killed.
 #include <unistd.h>
 
 #include <chrono>
@@ -32,7 +32,9 @@ int main(int argc, char** argv) {
   }
   std::vector<const idem::BrokerMessage*> acked;
   for (std::size_t i = 0; i < ack && i < got->size(); ++i) acked.push_back(&(*got)[i]);
-  if (idem::Status s = (*broker)->Acknowledge(acked); !s.ok()) {
+  idem::Status s = (*broker)->Acknowledge(acked);
+  if (s.ok()) s = (*broker)->Settle();  // the commit answered before "polled" is printed
+  if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }
