@@ -16,7 +16,8 @@
 //   (a) plain: a librdkafka consumer in the same group settings as the adapter (cooperative-
 //       sticky, no auto commit), the same poll pattern (wait for the first message, then take
 //       what is already there up to the batch size), reading each message's payload and key
-//       header, and one synchronous commit per batch of each partition's next offset;
+//       header, and one commit per batch of each partition's next offset, sent without
+//       waiting and answered before the next one goes (as the adapter commits);
 //   (b) idem::Consumer + MemoryStore, no-op handler;
 //   (c) idem::Consumer + log store (sync=always, a temporary directory), no-op handler;
 //   (b) and (c) with ConsumerOptions::pipeline (--pipeline 0: without), as idemd consume runs.
