@@ -37,6 +37,8 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kSeekTimeout{10'000};
 constexpr std::chrono::milliseconds kCommitTimeout{30'000};  // at most; see CommitTimeout()
 constexpr std::chrono::milliseconds kHealthTimeout{2'000};
+// How long closing waits for the answer to the commit in flight.
+constexpr std::chrono::milliseconds kCloseCommitWait{1'000};
 // Beyond the session timeout, for leaving the group on close.
 constexpr std::chrono::milliseconds kCloseGrace{5'000};
 constexpr std::chrono::milliseconds kDeadLetterTimeout{30'000};  // message.timeout.ms default
@@ -235,8 +237,10 @@ Status KafkaBroker::Open() {
 // group drops the member after its session timeout.
 void KafkaBroker::Close() {
   rd_kafka_t* rk = consumer_.get();
-  // What was acknowledged is committed before the partitions go (bounded, like any commit).
-  (void)AwaitCommit(CommitTimeout());
+  // The answer to the last commit, so that a healthy cluster has it before the partitions go;
+  // a cluster that does not answer within kCloseCommitWait is not waited for longer (the
+  // commit was sent, and may land anyway).
+  (void)AwaitCommit(std::min(CommitTimeout(), kCloseCommitWait));
   auto deadline = SteadyClock::now() + config_.session_timeout;
   if (rd_kafka_unsubscribe(rk) == RD_KAFKA_RESP_ERR_NO_ERROR) {
     while (!partitions_.empty() && SteadyClock::now() < deadline) {
@@ -503,9 +507,10 @@ Status KafkaBroker::CommitPending() {
 }
 
 Status KafkaBroker::Settle() {
-  Status s = CommitPending();
-  Status awaited = AwaitCommit(CommitTimeout());
-  return s.ok() ? awaited : s;
+  // After a failure the commit just sent (again) is left to the next call: a cluster that did
+  // not answer the last one in time is not waited for twice.
+  if (Status s = CommitPending(); !s.ok()) return s;
+  return AwaitCommit(CommitTimeout());
 }
 
 Status KafkaBroker::SendPending() {
