@@ -131,6 +131,8 @@ class KafkaBroker final : public Broker {
   // flight, when it succeeded, and when `wait` is zero and it is not answered yet; kUnavailable
   // when it failed or a positive `wait` passed without an answer (it is then given up on).
   Status AwaitCommit(std::chrono::milliseconds wait);
+  // AwaitCommit, keeping a failure for the next Acknowledge or Settle to report.
+  void TakeCommitAnswer(std::chrono::milliseconds wait);
   // A commit slower than a session is of no use: the group has moved on by then.
   std::chrono::milliseconds CommitTimeout() const {
     return std::min(kCommitTimeout, config_.session_timeout);
@@ -152,7 +154,6 @@ class KafkaBroker final : public Broker {
   PartitionState* last_state_ = nullptr;
   bool rebalanced_ = false;  // a rebalance ran since the current Poll started
   bool closing_ = false;
-  bool commit_failed_ = false;  // some partition's `pending` is still to be committed
   // The commit sent by the last Acknowledge (or Poll), not answered yet: its own reply queue
   // (dropped, unread, if the answer never comes), and the offsets and partitions it carries.
   struct SentCommit {
@@ -299,9 +300,7 @@ void KafkaBroker::Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
   } else {
     // Revoked (or lost): first the commit in flight is answered, so that what was acknowledged
     // before the revoke is committed before the partitions move (as with a synchronous commit).
-    if (Status s = AwaitCommit(CommitTimeout()); !s.ok() && commit_error_.ok()) {
-      commit_error_ = std::move(s);
-    }
+    TakeCommitAnswer(CommitTimeout());
     // Then forget the partitions. A paused one is resumed first so that its pause does not
     // outlive this assignment.
     PartitionList paused(rd_kafka_topic_partition_list_new(0));
@@ -441,11 +440,10 @@ Result<std::vector<BrokerMessage>> KafkaBroker::Poll(std::size_t max,
     }
   }
   // The answer to the commit in flight, if it came; its error goes with the next Acknowledge.
-  if (Status s = AwaitCommit(std::chrono::milliseconds(0)); !s.ok() && commit_error_.ok()) {
-    commit_error_ = std::move(s);
-  }
-  // Commits that failed (during a rebalance, say) go again, without waiting.
-  if (commit_failed_ && !sent_) (void)SendPending();
+  TakeCommitAnswer(std::chrono::milliseconds(0));
+  // With none in flight, what is still pending failed before (during a rebalance, say): it goes
+  // again, without waiting.
+  if (!sent_) (void)SendPending();
   rebalanced_ = false;
   out.reserve(std::min<std::size_t>(max, 1024));
 
@@ -506,6 +504,10 @@ Status KafkaBroker::CommitPending() {
   return awaited.ok() ? sent : awaited;
 }
 
+void KafkaBroker::TakeCommitAnswer(std::chrono::milliseconds wait) {
+  if (Status s = AwaitCommit(wait); !s.ok() && commit_error_.ok()) commit_error_ = std::move(s);
+}
+
 Status KafkaBroker::Settle() {
   // After a failure the commit just sent (again) is left to the next call: a cluster that did
   // not answer the last one in time is not waited for twice.
@@ -531,10 +533,8 @@ Status KafkaBroker::SendPending() {
   rd_kafka_resp_err_t err =
       rd_kafka_commit_queue(consumer_.get(), list.get(), replies.get(), nullptr, nullptr);
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-    commit_failed_ = true;
     return UnavailableError(std::string("kafka: commit failed: ") + rd_kafka_err2str(err));
   }
-  commit_failed_ = false;
   sent_.emplace(SentCommit{std::move(replies), std::move(list), std::move(ids)});
   return {};
 }
@@ -548,14 +548,12 @@ Status KafkaBroker::AwaitCommit(std::chrono::milliseconds wait) {
   if (result == nullptr) {
     if (wait <= std::chrono::milliseconds(0)) return {};
     sent_.reset();
-    commit_failed_ = true;
     return UnavailableError("kafka: commit not answered within " + std::to_string(wait.count()) +
                             " ms");
   }
   const SentCommit sent = std::move(*sent_);
   sent_.reset();
   if (rd_kafka_resp_err_t err = rd_kafka_event_error(result.get()); err) {
-    commit_failed_ = true;
     return UnavailableError(std::string("kafka: commit failed: ") + rd_kafka_err2str(err));
   }
   const rd_kafka_topic_partition_list_t* answered =
@@ -572,7 +570,6 @@ Status KafkaBroker::AwaitCommit(std::chrono::milliseconds wait) {
         tp == nullptr ? RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION : tp->err;
     if (partition_err != RD_KAFKA_RESP_ERR_NO_ERROR) {
       failed += (failed.empty() ? "" : ", ") + state->name + ": " + rd_kafka_err2str(partition_err);
-      commit_failed_ = true;
       continue;
     }
     const std::int64_t offset = sent.offsets->elems[i].offset;
