@@ -111,6 +111,14 @@ struct Item {
   Fate fate = Fate::kOpen;
 };
 
+// The dead-letter reason of a message whose key the receiver could not take (Receiver::KeyOf's
+// error): its payload does not parse, it has no key, or the key is not valid.
+std::string_view PoisonReason(std::string_view key_error) {
+  if (key_error.starts_with("payload: ")) return "bad_payload";
+  if (key_error.find("no idempotency key") != std::string_view::npos) return "no_key";
+  return "bad_key";
+}
+
 struct Completion {
   std::size_t item = 0;
   Outcome outcome = Outcome::kSuccess;
@@ -237,10 +245,8 @@ struct Consumer::Impl {
     item.fingerprint = *fp;
     auto key = keys.KeyOf(msg);
     if (!key) {
-      const std::string& text = key.error().message();
-      item.poison_reason =
-          text.find("no idempotency key") != std::string::npos ? "no_key" : "bad_key";
-      item.poison_error = text;
+      item.poison_reason = PoisonReason(key.error().message());
+      item.poison_error = key.error().message();
       return;
     }
     item.key = std::move(*key);

@@ -316,6 +316,26 @@ TEST_P(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
   EXPECT_EQ(broker_.Acknowledged().size(), 5u);
 }
 
+// Without fingerprints the payload is parsed only for the key; one that does not parse is still
+// a bad payload, not a message without a key.
+TEST_P(ConsumerTest, AnUnparseablePayloadIsABadPayloadWithoutFingerprintsToo) {
+  broker_.Publish("p0", R"({"id":)");        // does not parse
+  broker_.Publish("p0", R"({"amount":3})");  // parses, has no /id
+  auto options = Options();
+  options.key_source = KeySource::JsonPointer("/id");
+  options.fingerprint = FingerprintMode::kNone;
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_TRUE(runs_.empty());
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 2u);
+  EXPECT_EQ(dlq[0].reason, "bad_payload");
+  EXPECT_NE(HeaderOf(dlq[0].headers, "idem-dlq-error").find("invalid JSON"), std::string::npos);
+  EXPECT_EQ(dlq[1].reason, "no_key");
+  EXPECT_EQ(consumer.counts().poison, 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
 TEST_P(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
   FaultyStore faulty(*store_);
   for (int i = 0; i < 4; ++i)

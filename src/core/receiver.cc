@@ -134,8 +134,12 @@ Result<std::string> Receiver::KeyOf(const Message& message) const {
       case KeySource::Kind::kJsonPointer: {
         auto text = JsonPointerText(message.payload, src.name);
         if (!text) {
+          // A payload that does not parse is bad as a whole, not missing a key: worded as the
+          // fingerprint's case below, so a consumer dead-letters it as bad_payload.
+          const std::string& why = text.error().message();
+          if (why.starts_with("invalid JSON")) return InvalidArgumentError("payload: " + why);
           return InvalidArgumentError("no idempotency key at JSON pointer \"" + src.name +
-                                      "\": " + text.error().message());
+                                      "\": " + why);
         }
         key = std::move(*text);
         break;
