@@ -104,6 +104,7 @@ struct Item {
   std::string poison_reason{};  // non-empty: dead-letter without a key
   std::string poison_error{};
   int first = -1;                      // index of the earlier item of this batch with the same key
+  bool conflict = false;               // ... whose fingerprint differs from this one's
   int begin_index = -1;                // into the batch's begin requests and answers
   std::optional<Acquired> acquired{};  // held by this consumer, not completed yet
   bool executed = false;               // the handler ran (or the DLQ got it): complete it
@@ -408,6 +409,9 @@ struct Consumer::Impl {
       auto [it, inserted] = first_of.try_emplace(item.key, static_cast<int>(i));
       if (!inserted) {
         item.first = it->second;
+        const Item& first = r.items[static_cast<std::size_t>(it->second)];
+        item.conflict =
+            item.fingerprint && first.fingerprint && *item.fingerprint != *first.fingerprint;
         continue;
       }
       item.begin_index = static_cast<int>(requests.size());
@@ -557,8 +561,10 @@ struct Consumer::Impl {
       return true;
     }
     if (item.first >= 0) {
-      // Decided after the batch's completions, by its first occurrence (Finish).
-      return true;
+      // A copy with another payload than the first is a conflict whatever becomes of the first
+      // (SPEC §2); a copy with the same payload is decided after the batch's completions, by
+      // the first (Finish).
+      return item.conflict ? SettleConflict(r, item) : true;
     }
     Result<BeginAnswer> answer = std::move(answers[static_cast<std::size_t>(item.begin_index)]);
     if (answer) {
@@ -588,13 +594,7 @@ struct Consumer::Impl {
             item.fate = Fate::kSettled;
             return true;
           } else if constexpr (std::is_same_v<T, Conflict>) {
-            if (!DeadLetter(item, "conflict", 0,
-                            "the key was used before for a message with another payload")) {
-              r.broker_failed = true;
-              return false;
-            }
-            item.fate = Fate::kSettled;
-            return true;
+            return SettleConflict(r, item);
           } else if constexpr (std::is_same_v<T, Busy>) {
             return false;  // WaitWhileBusy only returns other answers
           } else {
@@ -605,6 +605,17 @@ struct Consumer::Impl {
           }
         },
         *answer);
+  }
+
+  // The key was used for a message with another payload: dead-lettered, then acknowledged.
+  bool SettleConflict(Round& r, Item& item) {
+    if (!DeadLetter(item, "conflict", 0,
+                    "the key was used before for a message with another payload")) {
+      r.broker_failed = true;
+      return false;
+    }
+    item.fate = Fate::kSettled;
+    return true;
   }
 
   // One CompleteBatch for every key the handler (or the DLQ) finished, retried a few times
@@ -668,9 +679,9 @@ struct Consumer::Impl {
   // partition in `next`, the batch polled meanwhile when pipelined, which is then not run --
   // and releases keys acquired but never run.
   Status Finish(Round& r, Round* next) {
-    // An in-batch duplicate follows its first occurrence.
+    // An in-batch duplicate follows its first occurrence (a conflicting one was settled alone).
     for (Item& item : r.items) {
-      if (item.first < 0) continue;
+      if (item.first < 0 || item.conflict) continue;
       const Item& first = r.items[static_cast<std::size_t>(item.first)];
       if (first.fate == Fate::kSettled && !first.acquired) {
         item.fate = Fate::kSettled;

@@ -303,17 +303,39 @@ TEST_P(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
   ASSERT_TRUE(Round(consumer).has_value());
   ASSERT_EQ(runs_.size(), 1u);
   EXPECT_EQ(runs_[0].key, "order-7");
+  EXPECT_EQ(consumer.counts().replayed, 1u);  // the copy with the same payload
+  // The in-batch copy with another payload is a conflict (SPEC §2), as a later delivery is.
   auto dlq = broker_.DeadLetters();
-  ASSERT_EQ(dlq.size(), 1u);
-  EXPECT_EQ(dlq[0].reason, "bad_payload");
-  // The in-batch duplicate with another payload was settled with the first (same key); a later
-  // delivery of it meets the stored fingerprint and is a conflict.
+  ASSERT_EQ(dlq.size(), 2u);
+  EXPECT_EQ(dlq[0].reason, "conflict");
+  EXPECT_EQ(dlq[0].message.payload, R"({"id":"order-7","amount":4})");
+  EXPECT_EQ(dlq[1].reason, "bad_payload");
   broker_.Publish("p0", R"({"id":"order-7","amount":4})");
   ASSERT_TRUE(Round(consumer).has_value());
   dlq = broker_.DeadLetters();
-  ASSERT_EQ(dlq.size(), 2u);
-  EXPECT_EQ(dlq[1].reason, "conflict");
+  ASSERT_EQ(dlq.size(), 3u);
+  EXPECT_EQ(dlq[2].reason, "conflict");
   EXPECT_EQ(broker_.Acknowledged().size(), 5u);
+}
+
+// A second copy of a key in one batch with another payload is not a replay of the first: it
+// would be acknowledged and lost. It is a conflict, dead-lettered like one a later batch meets.
+TEST_P(ConsumerTest, ACopyWithAnotherPayloadInTheSameBatchIsAConflict) {
+  broker_.Publish("p0", R"({"id":"order-7","amount":3})");
+  broker_.Publish("p0", R"({"id":"order-7","amount":4})");
+  auto options = Options();
+  options.key_source = KeySource::JsonPointer("/id");
+  options.fingerprint = FingerprintMode::kJson;
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  ASSERT_EQ(runs_.size(), 1u);
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 1u);
+  EXPECT_EQ(dlq[0].reason, "conflict");
+  EXPECT_EQ(dlq[0].message.payload, R"({"id":"order-7","amount":4})");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-key"), "order-7");
+  EXPECT_EQ(consumer.counts().replayed, 0u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
 }
 
 // Without fingerprints the payload is parsed only for the key; one that does not parse is still
