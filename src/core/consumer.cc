@@ -108,8 +108,16 @@ struct Item {
   int begin_index = -1;                // into the batch's begin requests and answers
   std::optional<Acquired> acquired{};  // held by this consumer, not completed yet
   bool executed = false;               // the handler ran (or the DLQ got it): complete it
+  bool lease_lost = false;             // another worker took the key over: never run it here
   int complete_index = -1;             // into the batch's completions
   Fate fate = Fate::kOpen;
+};
+
+// How Execute left an Acquired message.
+enum class Ran : std::uint8_t {
+  kSettled,    // completed or dead-lettered: acknowledged once the completion is stored
+  kLeaseLost,  // another worker took the key over and owns the message now: hand it back
+  kUnsettled,  // the dead-letter publish failed, or stopping: hand it back
 };
 
 // The dead-letter reason of a message whose key the receiver could not take (Receiver::KeyOf's
@@ -268,17 +276,17 @@ struct Consumer::Impl {
     return true;
   }
 
-  // Runs the handler of an Acquired item with retries; records what to complete. False when
-  // the item could not be settled (dead-letter publish failed, or stopping): the caller hands it
-  // back.
-  bool Execute(std::vector<Item>& items, std::size_t index, std::vector<Completion>& completions,
-               Timestamp& leases_from) {
+  // Runs the handler of an Acquired item with retries; records what to complete.
+  Ran Execute(std::vector<Item>& items, std::size_t index, std::vector<Completion>& completions,
+              Timestamp& leases_from) {
     Item& item = items[index];
     const Acquired acquired = *item.acquired;
     std::uint32_t attempt = acquired.attempt;
     std::uint32_t retry = 0;
     for (;;) {
       ExtendIfDue(items, leases_from);
+      // The token is stale: running again would race the worker that took the key over.
+      if (item.lease_lost) return Ran::kLeaseLost;
       HandlerContext ctx{.scope = options.scope,
                          .key = item.key,
                          .attempt = attempt,
@@ -299,7 +307,7 @@ struct Consumer::Impl {
       if (verdict.verdict == Verdict::kSuccess) {
         completions.push_back({index, Outcome::kSuccess, std::move(verdict.detail)});
         item.executed = true;
-        return true;
+        return Ran::kSettled;
       }
       std::string_view reason;
       if (verdict.verdict == Verdict::kPermanent) {
@@ -308,13 +316,13 @@ struct Consumer::Impl {
         reason = "attempts_exhausted";
       }
       if (!reason.empty()) {
-        if (!DeadLetter(item, reason, attempt, verdict.detail)) return false;
+        if (!DeadLetter(item, reason, attempt, verdict.detail)) return Ran::kUnsettled;
         completions.push_back({index, Outcome::kFailure,
                                "dead-lettered: " + std::string(reason) + ": " + verdict.detail});
         item.executed = true;
-        return true;
+        return Ran::kSettled;
       }
-      if (stop.load()) return false;
+      if (stop.load()) return Ran::kUnsettled;
       ++retry;
       Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
       TouchOpen(items);
@@ -324,15 +332,19 @@ struct Consumer::Impl {
   }
 
   // Leases of the keys this batch holds are pushed forward when half of the lease is gone, so
-  // a long batch (retries) does not lose them to another worker.
+  // a long batch (retries) does not lose them to another worker. A key whose lease was lost
+  // anyway is marked: its message belongs to the worker that took it over.
   void ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
     const Timestamp now = clock.Now();
     if (now - leases_from < options.lease / 2) return;
     for (Item& item : items) {
-      if (!item.acquired) continue;
+      if (!item.acquired || item.lease_lost) continue;
       auto r = store.Extend(options.scope, item.key, item.acquired->token, options.lease);
       if (!r && metrics) metrics->store_errors->Inc();
-      if (r && *r == WriteAnswer::kLeaseLost && metrics) metrics->lease_lost->Inc();
+      if (r && *r == WriteAnswer::kLeaseLost) {
+        item.lease_lost = true;
+        if (metrics) metrics->lease_lost->Inc();
+      }
     }
     TouchOpen(items);
     leases_from = now;
@@ -587,12 +599,18 @@ struct Consumer::Impl {
           using T = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<T, Acquired>) {
             item.acquired = a;
-            if (!Execute(r.items, i, r.completions, leases_from)) {
-              r.broker_failed = r.broker_failed || !stop.load();
-              return false;
+            switch (Execute(r.items, i, r.completions, leases_from)) {
+              case Ran::kSettled:
+                item.fate = Fate::kSettled;
+                return true;
+              case Ran::kLeaseLost:
+                r.handback_delay = std::max(r.handback_delay, options.backoff);
+                return false;
+              case Ran::kUnsettled:
+                r.broker_failed = r.broker_failed || !stop.load();
+                return false;
             }
-            item.fate = Fate::kSettled;
-            return true;
+            return false;
           } else if constexpr (std::is_same_v<T, Conflict>) {
             return SettleConflict(r, item);
           } else if constexpr (std::is_same_v<T, Busy>) {
@@ -655,7 +673,7 @@ struct Consumer::Impl {
         }
         if (*results[k] == WriteAnswer::kLeaseLost) {
           // The effect happened; a newer worker owns the key's outcome now.
-          if (metrics) metrics->lease_lost->Inc();
+          if (metrics && !item.lease_lost) metrics->lease_lost->Inc();
         } else if (metrics) {
           (r.completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
                                                          : metrics->complete_failure)
@@ -709,7 +727,8 @@ struct Consumer::Impl {
         ack.push_back(item.message);
       }
       // A key this batch acquired but did not run: free it so the redelivery runs at once.
-      if (item.acquired && !item.executed) {
+      // (One whose lease was lost is the new holder's to finish.)
+      if (item.acquired && !item.executed && !item.lease_lost) {
         auto rel = store.Release(options.scope, item.key, item.acquired->token);
         if (rel && *rel == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
         item.acquired.reset();

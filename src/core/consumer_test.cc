@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -544,6 +545,44 @@ TEST_P(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
   auto rec = store_->Get("payments", "waiting");
   ASSERT_TRUE(rec.has_value() && rec->has_value());
   EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+}
+
+// A handler that outlives its lease while another worker takes the key over: the stale token
+// must not run the handler again (the new holder runs it), and the message is the new holder's
+// to settle: handed back, not acknowledged, nor dead-lettered.
+TEST_P(ConsumerTest, ALostLeaseIsNotRunAgainNorAcknowledged) {
+  broker_.PublishKeyed("p0", "slow");
+  auto options = Options();
+  options.lease = milliseconds(1'000);
+  options.backoff = milliseconds(100);
+  int calls = 0;
+  std::optional<Result<BeginAnswer>> takeover;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext&, const BrokerMessage&) -> HandlerVerdict {
+        if (++calls == 1) {
+          clock_.Advance(milliseconds(2'000));
+          takeover =
+              store_->Begin({.scope = "payments", .key = "slow", .lease = milliseconds(10'000)});
+        }
+        return {Verdict::kRetryable, "upstream 503"};
+      },
+      options);
+  auto n = Round(consumer);
+  ASSERT_TRUE(n.has_value()) << n.error().ToString();
+  ASSERT_TRUE(takeover.has_value() && takeover->has_value());
+  ASSERT_TRUE(std::holds_alternative<Acquired>(**takeover));
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(broker_.Acknowledged().empty());
+  EXPECT_TRUE(broker_.DeadLetters().empty());
+  EXPECT_EQ(broker_.Redelivered(), 1u);
+  const std::string text = registry_.RenderPrometheus();
+  EXPECT_NE(text.find("idem_lease_lost_total{scope=\"payments\"} 1"), std::string::npos) << text;
+  // The new holder's record is untouched.
+  auto rec = store_->Get("payments", "slow");
+  ASSERT_TRUE(rec.has_value() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+  EXPECT_EQ((*rec)->token, std::get<Acquired>(**takeover).token);
 }
 
 TEST_P(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
