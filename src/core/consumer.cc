@@ -325,18 +325,19 @@ struct Consumer::Impl {
       if (stop.load()) return Ran::kUnsettled;
       ++retry;
       Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
-      TouchOpen(items);
+      HoldBatch(items, leases_from);
       Sleep(Backoff(retry, rng));
       ++attempt;
     }
   }
 
   // Leases of the keys this batch holds are pushed forward when half of the lease is gone, so
-  // a long batch (retries) does not lose them to another worker. A key whose lease was lost
-  // anyway is marked: its message belongs to the worker that took it over.
-  void ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
+  // a long batch (retries, Busy waits) does not lose them to another worker; the unsettled
+  // messages are touched with them. True when it was due. A key whose lease was lost anyway
+  // is marked: its message belongs to the worker that took it over.
+  bool ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
     const Timestamp now = clock.Now();
-    if (now - leases_from < options.lease / 2) return;
+    if (now - leases_from < options.lease / 2) return false;
     for (Item& item : items) {
       if (!item.acquired || item.lease_lost) continue;
       auto r = store.Extend(options.scope, item.key, item.acquired->token, options.lease);
@@ -348,6 +349,14 @@ struct Consumer::Impl {
     }
     TouchOpen(items);
     leases_from = now;
+    return true;
+  }
+
+  // Before a wait (a retry's backoff, a Busy key's): the wait must not outlast what the batch
+  // holds, or another worker takes its keys over and the broker hands its messages to another
+  // consumer.
+  void HoldBatch(std::vector<Item>& items, Timestamp& leases_from) {
+    if (!ExtendIfDue(items, leases_from)) TouchOpen(items);
   }
 
   // Restarts the broker's redelivery timer (JetStream's ack_wait) of every message of the
@@ -363,8 +372,10 @@ struct Consumer::Impl {
   }
 
   // Begins again, with backoff, a key another worker holds, until it is decided or busy_timeout
-  // passes (then nullopt).
-  std::optional<Result<BeginAnswer>> WaitWhileBusy(const Item& item, Timestamp lease_deadline) {
+  // passes (then nullopt). The rest of the batch is held meanwhile (HoldBatch).
+  std::optional<Result<BeginAnswer>> WaitWhileBusy(std::vector<Item>& items, const Item& item,
+                                                   Timestamp lease_deadline,
+                                                   Timestamp& leases_from) {
     const Timestamp until = clock.Now() + options.busy_timeout;
     std::uint32_t n = 0;
     while (!stop.load()) {
@@ -375,6 +386,7 @@ struct Consumer::Impl {
         d = std::min(
             d, std::chrono::duration_cast<milliseconds>(lease_deadline - now + milliseconds(5)));
       d = std::min(d, std::chrono::duration_cast<milliseconds>(until - now));
+      HoldBatch(items, leases_from);
       Sleep(std::max(d, milliseconds(1)));
       auto answer = BeginOne(item);
       if (!answer) return answer;
@@ -490,9 +502,9 @@ struct Consumer::Impl {
     }
   }
 
-  // Runs the handlers, partition by partition, in broker order.
-  void SettleAll(Round& r, std::vector<Result<BeginAnswer>>& answers) {
-    Timestamp leases_from = clock.Now();
+  // Runs the handlers, partition by partition, in broker order. `leases_from`: when the begins
+  // were sent, which is when the leases they acquired started.
+  void SettleAll(Round& r, std::vector<Result<BeginAnswer>>& answers, Timestamp leases_from) {
     std::vector<std::string_view> partitions;
     absl::flat_hash_map<std::string_view, std::vector<std::size_t>> by_partition;
     for (std::size_t i = 0; i < r.items.size(); ++i) {
@@ -539,6 +551,9 @@ struct Consumer::Impl {
     // one's begins are on their way to the disk, where the store can start them.
     std::vector<Result<BeginAnswer>> answers;
     Status tail_status;
+    // Taken before the begins, not after FinishTail, which may wait for the previous batch's
+    // completions for long while these leases already run.
+    const Timestamp leases_from = clock.Now();
     if (std::optional<std::future<StartedBegins>> started = StartBegins(requests)) {
       tail_status = FinishTail(&r);
       answers = AwaitBegins(r, *started);
@@ -546,7 +561,7 @@ struct Consumer::Impl {
       answers = BeginAll(r, requests);
       tail_status = FinishTail(&r);
     }
-    SettleAll(r, answers);
+    SettleAll(r, answers, leases_from);
     if (pipelined) {
       StartTail(std::move(*polled));
       if (!tail_status.ok()) return tail_status;
@@ -581,7 +596,7 @@ struct Consumer::Impl {
     Result<BeginAnswer> answer = std::move(answers[static_cast<std::size_t>(item.begin_index)]);
     if (answer) {
       if (const auto* busy = std::get_if<Busy>(&*answer)) {
-        auto decided = WaitWhileBusy(item, busy->lease_deadline);
+        auto decided = WaitWhileBusy(r.items, item, busy->lease_deadline, leases_from);
         if (!decided) {
           r.handback_delay = std::max(r.handback_delay, options.backoff);
           return false;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "idem/stores/log.h"
@@ -583,6 +585,80 @@ TEST_P(ConsumerTest, ALostLeaseIsNotRunAgainNorAcknowledged) {
   ASSERT_TRUE(rec.has_value() && rec->has_value());
   EXPECT_EQ((*rec)->state, RecordState::kInProgress);
   EXPECT_EQ((*rec)->token, std::get<Acquired>(**takeover).token);
+}
+
+// Another worker, acting through the store before each begin the consumer makes.
+class SharedStore : public FaultyStore {
+ public:
+  using FaultyStore::FaultyStore;
+  std::function<void(const BeginRequest&)> before_begin;
+  Result<BeginAnswer> Begin(const BeginRequest& req) override {
+    if (before_begin) before_begin(req);
+    return FaultyStore::Begin(req);
+  }
+};
+
+// A Busy wait lasts up to busy_timeout -- by default lease + 1 s, longer than the lease. The
+// batch's other keys keep their leases meanwhile (or another worker takes them over while they
+// wait their turn), and its messages are touched (or JetStream hands them to another consumer).
+TEST_P(ConsumerTest, ABusyWaitKeepsTheBatchsLeasesAndTouchesItsMessages) {
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(60'000)});
+  ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
+  broker_.PublishKeyed("p0", "k");
+  broker_.PublishKeyed("p1", "x");
+  SharedStore shared(*store_);
+  const Timestamp start = clock_.Now();  // when "x" is begun, with a 10 s lease
+  std::optional<Result<BeginAnswer>> other;
+  shared.before_begin = [&](const BeginRequest& req) {
+    if (req.key == "k" && !other && clock_.Now() - start >= milliseconds(10'500)) {
+      other = store_->Begin({.scope = "payments", .key = "x", .lease = milliseconds(10'000)});
+    }
+  };
+  Consumer consumer(shared, broker_, Recording(), Options());
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_GE(clock_.Now() - start, milliseconds(11'000));  // the wait ran to busy_timeout
+  ASSERT_TRUE(other.has_value() && other->has_value());
+  EXPECT_TRUE(std::holds_alternative<Busy>(**other)) << "x was taken over during the wait";
+  const std::vector<std::vector<std::string>> calls = broker_.TouchCalls();
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.front(), (std::vector<std::string>{"p0:0", "p1:0"}));
+  ASSERT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(runs_[0].key, "x");
+  EXPECT_EQ(broker_.Acknowledged().size(), 1u);
+  EXPECT_EQ(broker_.Redelivered(), 1u);  // k, still held by the other worker
+}
+
+// Pipelined, a batch's leases start when its begins are sent, before the previous batch is
+// finished (which waits for its completions); extensions are timed from then, not from when
+// the handlers start.
+TEST_P(ConsumerTest, PipelinedLeasesAreExtendedFromWhenTheyWereBegun) {
+  if (!GetParam()) GTEST_SKIP() << "only a pipelined round finishes a batch after the next begins";
+  broker_.PublishKeyed("p0", "a");
+  std::optional<Result<BeginAnswer>> other;
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        if (c.key == "b1") clock_.Advance(milliseconds(3'000));
+        if (c.key == "b2") {
+          clock_.Advance(milliseconds(2'000));
+          other = store_->Begin({.scope = "payments", .key = "b2", .lease = milliseconds(10'000)});
+        }
+        return {Verdict::kSuccess, ""};
+      },
+      Options());                               // 10 s leases
+  ASSERT_TRUE(consumer.RunOnce().has_value());  // "a" ran; it is finished in the next round
+  broker_.PublishKeyed("p0", "b1");
+  broker_.PublishKeyed("p0", "b2");
+  const Timestamp begun = clock_.Now();
+  bool slow = true;  // finishing "a"'s batch takes 6 s while b1's and b2's leases run
+  broker_.BeforeAcknowledge([&] {
+    if (std::exchange(slow, false)) clock_.Advance(milliseconds(6'000));
+  });
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_EQ(clock_.Now() - begun, milliseconds(11'000));
+  ASSERT_TRUE(other.has_value() && other->has_value());
+  EXPECT_TRUE(std::holds_alternative<Busy>(**other)) << "b2's lease ran out before it ran";
+  EXPECT_EQ(broker_.Acknowledged().size(), 3u);
 }
 
 TEST_P(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {

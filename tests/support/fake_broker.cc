@@ -73,6 +73,12 @@ Result<std::vector<BrokerMessage>> FakeBroker::Poll(std::size_t max, std::chrono
 }
 
 Status FakeBroker::Acknowledge(std::span<const BrokerMessage* const> messages) {
+  std::function<void()> hook;
+  {
+    std::lock_guard lock(mu_);
+    hook = before_acknowledge_;
+  }
+  if (hook) hook();
   std::lock_guard lock(mu_);
   for (const BrokerMessage* m : messages) acknowledged_.push_back(*m);
   return OkStatus();

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -45,6 +46,13 @@ class FakeBroker : public Broker {
     fail_dead_letter_ = fail;
   }
 
+  // Runs `hook` at the start of every Acknowledge call (outside the broker's lock), e.g. to
+  // make acknowledging take time on a fake clock. An empty function removes it.
+  void BeforeAcknowledge(std::function<void()> hook) {
+    std::lock_guard l(mu_);
+    before_acknowledge_ = std::move(hook);
+  }
+
   std::size_t Queued() const;  // not yet polled (or handed back)
   std::vector<BrokerMessage> Acknowledged() const;
   std::vector<DeadLettered> DeadLetters() const;
@@ -70,6 +78,7 @@ class FakeBroker : public Broker {
   std::uint64_t next_handle_ = 1;
   bool fail_poll_ = false;
   bool fail_dead_letter_ = false;
+  std::function<void()> before_acknowledge_;
   std::vector<BrokerMessage> acknowledged_;
   std::vector<DeadLettered> dead_letters_;
   std::size_t redelivered_ = 0;
