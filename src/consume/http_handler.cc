@@ -33,6 +33,17 @@ std::string Excerpt(std::string_view body) {
   return std::string(body.substr(0, kMaxErrorText)) + "...";
 }
 
+// What one exchange got.
+struct Exchanged {
+  boost::system::error_code ec{};  // why no response header arrived
+  // The status line and header arrived: the handler saw the request, so it is never sent again,
+  // and its verdict is the status, whatever becomes of the body.
+  bool answered = false;
+  unsigned status = 0;
+  std::string body{};  // empty when it was not read whole
+  bool reuse = false;  // the connection may carry the next request
+};
+
 }  // namespace
 
 struct HttpHandler::Impl {
@@ -62,21 +73,41 @@ struct HttpHandler::Impl {
     return ec;
   }
 
-  // One exchange on the current connection; `fresh` when it was just opened.
-  boost::system::error_code Exchange(http::request<http::string_body>& req,
-                                     http::response<http::string_body>& res) {
-    boost::system::error_code ec;
+  // One exchange on the current connection.
+  Exchanged Exchange(http::request<http::string_body>& req) {
+    Exchanged out;
     stream->expires_after(config.handler_timeout);
-    http::async_write(*stream, req, [&](boost::system::error_code e, std::size_t) { ec = e; });
+    http::async_write(*stream, req, [&](boost::system::error_code e, std::size_t) { out.ec = e; });
     RunIo();
-    if (ec) return ec;
+    if (out.ec) return out;
     http::response_parser<http::string_body> parser;
-    parser.body_limit(kMaxResponseBody);
+    // The header first, whatever the body's size: the verdict is in the status line.
+    parser.body_limit(boost::none);
+    http::async_read_header(*stream, buffer, parser,
+                            [&](boost::system::error_code e, std::size_t) { out.ec = e; });
+    RunIo();
+    if (out.ec) return out;
+    out.answered = true;
+    out.status = parser.get().result_int();
+    if (ReadBody(parser)) {
+      out.reuse = parser.get().keep_alive();
+      out.body = std::move(parser.get().body());
+    }
+    return out;
+  }
+
+  // The body of a response whose header arrived; false when it is over kMaxResponseBody or
+  // did not arrive whole. The connection is then in the middle of a response: not reused.
+  bool ReadBody(http::response_parser<http::string_body>& parser) {
+    if (parser.is_done()) return true;
+    const auto length = parser.content_length();
+    if (length && *length > kMaxResponseBody) return false;
+    parser.body_limit(kMaxResponseBody);  // a chunked or unsized body stops at it
+    boost::system::error_code ec;
     http::async_read(*stream, buffer, parser,
                      [&](boost::system::error_code e, std::size_t) { ec = e; });
     RunIo();
-    if (!ec) res = parser.release();
-    return ec;
+    return !ec;
   }
 
   HandlerVerdict Handle(const HandlerContext& ctx, const BrokerMessage& m) {
@@ -95,37 +126,36 @@ struct HttpHandler::Impl {
     req.body() = m.payload;
     req.prepare_payload();
 
-    http::response<http::string_body> res;
-    boost::system::error_code ec;
+    Exchanged x;
     // A kept-alive connection the server closed meanwhile fails at once: reconnect and send
-    // once more (the key goes with it, so a handler that did see the first is not fooled).
+    // once more (the key goes with it, so a handler that did see the first is not fooled) --
+    // but only when no answer came: a request the handler answered is never sent again.
     for (int tries = 0; tries < 2; ++tries) {
       const bool reused = stream.has_value();
       if (!stream) {
-        ec = Connect();
-        if (ec) break;
+        x.ec = Connect();
+        if (x.ec) break;
       }
-      ec = Exchange(req, res);
-      if (!ec) break;
+      x = Exchange(req);
+      if (x.answered) break;
       stream.reset();
-      if (!reused || ec == beast::error::timeout) break;
+      if (!reused || x.ec == beast::error::timeout) break;
     }
-    if (ec) {
+    if (!x.answered) {
       return {Verdict::kRetryable,
               "handler " + config.handler + ": " +
-                  (ec == beast::error::timeout ? "no answer within the handler timeout"
-                                               : ec.message())};
+                  (x.ec == beast::error::timeout ? "no answer within the handler timeout"
+                                                 : x.ec.message())};
     }
-    if (!res.keep_alive()) stream.reset();
-    const unsigned status = res.result_int();
-    if (status >= 200 && status <= 299) {
-      return {Verdict::kSuccess, std::to_string(status) + " " + res.body()};
+    if (!x.reuse) stream.reset();
+    if (x.status >= 200 && x.status <= 299) {
+      return {Verdict::kSuccess, std::to_string(x.status) + " " + x.body};
     }
     const bool permanent =
         std::any_of(config.permanent_statuses.begin(), config.permanent_statuses.end(),
-                    [&](const gateway::StatusRange& r) { return r.Contains(status); });
+                    [&](const gateway::StatusRange& r) { return r.Contains(x.status); });
     return {permanent ? Verdict::kPermanent : Verdict::kRetryable,
-            "handler answered " + std::to_string(status) + ": " + Excerpt(res.body())};
+            "handler answered " + std::to_string(x.status) + ": " + Excerpt(x.body)};
   }
 };
 

@@ -6,6 +6,10 @@
 //   anything else, or no answer
 //   within handler_timeout       -> kRetryable
 //
+// The verdict is the status line's: a body over 1 MiB, or one cut short, is not read (the
+// response keeps the status only) and the connection is closed instead of reused. A request is
+// sent a second time only when a reused connection failed before any answer came.
+//
 // Not thread-safe: one per consumer thread. Boost.Beast is confined to http_handler.cc.
 #ifndef IDEM_CONSUME_HTTP_HANDLER_H_
 #define IDEM_CONSUME_HTTP_HANDLER_H_
