@@ -11,14 +11,17 @@
 // dead-letter channel); one BeginBatch for the batch's keys; then, partition by partition and
 // in broker order, run the handler for the Acquired messages; one CompleteBatch; then
 // acknowledge every message that was settled. Replays are acknowledged without running the
-// handler; a key that appears twice in one batch is begun once.
+// handler; a key that appears twice in one batch is begun once (a later copy whose fingerprint
+// differs from the first's is a conflict: dead-lettered).
 //
 // Order: messages of one partition are never reordered. A handler that fails with a retryable
 // error is retried in place (exponential backoff with jitter) up to max_attempts, then
 // dead-lettered; the partition waits meanwhile. A key another worker holds (Busy) is begun
 // again with backoff until busy_timeout (by default a little longer than the lease, so a dead
 // worker's key is taken over inside it); past it the message and the rest of its partition in
-// this batch are handed back to the broker (Broker::Redeliver) and the thread moves on.
+// this batch are handed back to the broker (Broker::Redeliver) and the thread moves on. While
+// it retries or waits, the batch's leases are extended and its messages touched; a message whose
+// lease was lost anyway is handed back without running its handler again.
 //
 // Failures: a store that cannot answer, a dead-letter publish that fails -> nothing of the
 // affected messages is acknowledged; they are handed back to the broker, and the consumer backs
