@@ -325,8 +325,7 @@ struct Consumer::Impl {
       if (stop.load()) return Ran::kUnsettled;
       ++retry;
       Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
-      HoldBatch(items, leases_from);
-      Sleep(Backoff(retry, rng));
+      SleepHolding(Backoff(retry, rng), items, leases_from);
       ++attempt;
     }
   }
@@ -352,11 +351,19 @@ struct Consumer::Impl {
     return true;
   }
 
-  // Before a wait (a retry's backoff, a Busy key's): the wait must not outlast what the batch
-  // holds, or another worker takes its keys over and the broker hands its messages to another
-  // consumer.
-  void HoldBatch(std::vector<Item>& items, Timestamp& leases_from) {
+  // Sleeps `d` (a retry's backoff, a Busy key's) while the batch keeps what it holds: its
+  // messages are touched, and the sleep is cut where its leases are due for an extension. A
+  // wait may be longer than half the lease (or than the lease: busy_timeout); without this,
+  // another worker would take the batch's keys over, and the broker hand its messages to
+  // another consumer.
+  void SleepHolding(milliseconds d, std::vector<Item>& items, Timestamp& leases_from) {
     if (!ExtendIfDue(items, leases_from)) TouchOpen(items);
+    const Timestamp end = clock.Now() + d;
+    for (Timestamp now = clock.Now(); now < end && !stop.load(); now = clock.Now()) {
+      const Timestamp due = std::max(leases_from + options.lease / 2, now + milliseconds(1));
+      Sleep(std::chrono::duration_cast<milliseconds>(std::min(end, due) - now));
+      ExtendIfDue(items, leases_from);
+    }
   }
 
   // Restarts the broker's redelivery timer (JetStream's ack_wait) of every message of the
@@ -372,7 +379,7 @@ struct Consumer::Impl {
   }
 
   // Begins again, with backoff, a key another worker holds, until it is decided or busy_timeout
-  // passes (then nullopt). The rest of the batch is held meanwhile (HoldBatch).
+  // passes (then nullopt). The rest of the batch is held meanwhile (SleepHolding).
   std::optional<Result<BeginAnswer>> WaitWhileBusy(std::vector<Item>& items, const Item& item,
                                                    Timestamp lease_deadline,
                                                    Timestamp& leases_from) {
@@ -386,8 +393,7 @@ struct Consumer::Impl {
         d = std::min(
             d, std::chrono::duration_cast<milliseconds>(lease_deadline - now + milliseconds(5)));
       d = std::min(d, std::chrono::duration_cast<milliseconds>(until - now));
-      HoldBatch(items, leases_from);
-      Sleep(std::max(d, milliseconds(1)));
+      SleepHolding(std::max(d, milliseconds(1)), items, leases_from);
       auto answer = BeginOne(item);
       if (!answer) return answer;
       if (const auto* busy = std::get_if<Busy>(&*answer)) {
