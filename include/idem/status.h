@@ -98,8 +98,12 @@ class [[nodiscard]] Result {
  public:
   using value_type = T;
 
-  Result(const T& v) : v_(std::in_place_index<0>, v) {}          // NOLINT
-  Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}    // NOLINT
+  Result(const T& v) : v_(std::in_place_index<0>, v) {}        // NOLINT
+  Result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}  // NOLINT
+  // The value built in place from `args`: no move of a value that is costly to move.
+  template <typename... A>
+  explicit Result(std::in_place_t, A&&... args)
+      : v_(std::in_place_index<0>, std::forward<A>(args)...) {}
   Result(Status s) : v_(std::in_place_index<1>, std::move(s)) {  // NOLINT
     IDEM_CHECK_MSG(!std::get<1>(v_).ok(), "Result built from an ok Status");
   }

@@ -131,9 +131,6 @@ EntityWrite DecideReleaseVersioned(const EntityHead* current, Token token, Times
 // ---- input checks ----
 
 namespace {
-// Longer durations are surely mistakes, and would overflow time arithmetic.
-constexpr std::chrono::milliseconds kMaxDuration{100LL * 366 * 24 * 3600 * 1000};
-
 Status CheckDuration(std::string_view what, std::chrono::milliseconds d) {
   if (d.count() <= 0) {
     return InvalidArgumentError(std::string(what) + " must be positive, got " +
@@ -158,12 +155,12 @@ Status CheckRecordId(std::string_view scope, std::string_view key, std::size_t m
   return ValidateKey(key, max_key_bytes);
 }
 
-Status CheckBegin(const BeginRequest& r, std::size_t max_key_bytes) {
+Status BeginError(const BeginRequest& r, std::size_t max_key_bytes) {
   IDEM_RETURN_IF_ERROR(CheckRecordId(r.scope, r.key, max_key_bytes));
   return CheckLease(r.lease);
 }
 
-Status CheckComplete(const CompleteRequest& r, std::size_t max_key_bytes) {
+Status CompleteError(const CompleteRequest& r, std::size_t max_key_bytes) {
   IDEM_RETURN_IF_ERROR(CheckRecordId(r.scope, r.key, max_key_bytes));
   return CheckRetention(r.retention);
 }

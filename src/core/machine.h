@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "idem/key.h"
 #include "idem/record.h"
 #include "idem/status.h"
 
@@ -120,8 +121,34 @@ EntityWrite DecideCompleteVersioned(const EntityHead* current, Token token,
 EntityWrite DecideReleaseVersioned(const EntityHead* current, Token token, Timestamp now);
 
 // ---- input checks shared by every store ----
-Status CheckBegin(const BeginRequest& r, std::size_t max_key_bytes);
-Status CheckComplete(const CompleteRequest& r, std::size_t max_key_bytes);
+
+// Longer durations are surely mistakes, and would overflow time arithmetic.
+inline constexpr std::chrono::milliseconds kMaxDuration{100LL * 366 * 24 * 3600 * 1000};
+
+// Every call checks its input, so the common case (all in range) is decided inline and the
+// error, with its message, is built out of line.
+inline bool RecordIdInRange(std::string_view scope, std::string_view key,
+                            std::size_t max_key_bytes) {
+  return scope.size() <= kMaxScopeBytes && !key.empty() && key.size() <= max_key_bytes;
+}
+inline bool DurationInRange(std::chrono::milliseconds d) {
+  return d.count() > 0 && d <= kMaxDuration;
+}
+Status BeginError(const BeginRequest& r, std::size_t max_key_bytes);
+Status CompleteError(const CompleteRequest& r, std::size_t max_key_bytes);
+
+inline Status CheckBegin(const BeginRequest& r, std::size_t max_key_bytes) {
+  if (RecordIdInRange(r.scope, r.key, max_key_bytes) && DurationInRange(r.lease)) [[likely]] {
+    return OkStatus();
+  }
+  return BeginError(r, max_key_bytes);
+}
+inline Status CheckComplete(const CompleteRequest& r, std::size_t max_key_bytes) {
+  if (RecordIdInRange(r.scope, r.key, max_key_bytes) && DurationInRange(r.retention)) [[likely]] {
+    return OkStatus();
+  }
+  return CompleteError(r, max_key_bytes);
+}
 Status CheckRecordId(std::string_view scope, std::string_view key, std::size_t max_key_bytes);
 Status CheckLease(std::chrono::milliseconds lease);
 Status CheckRetention(std::chrono::milliseconds retention);

@@ -233,18 +233,21 @@ SessionInfo MakeSessionInfo(const Session& s) {
   return info;
 }
 
-BeginAnswer ToAnswer(const core::BeginDecision& d, std::string_view response) {
+// Built in place: the answer is not moved on its way out.
+Result<BeginAnswer> ToAnswer(const core::BeginDecision& d, std::string_view response) {
   switch (d.kind) {
     case core::BeginKind::kAcquired:
-      return Acquired{d.next.token, d.next.attempt, d.next.lease_deadline};
+      return Result<BeginAnswer>(std::in_place, std::in_place_type<Acquired>, d.next.token,
+                                 d.next.attempt, d.next.lease_deadline);
     case core::BeginKind::kBusy:
-      return Busy{d.next.lease_deadline};
+      return Result<BeginAnswer>(std::in_place, std::in_place_type<Busy>, d.next.lease_deadline);
     case core::BeginKind::kReplay:
-      return Replay{d.next.outcome, std::string(response), d.next.attempt};
+      return Result<BeginAnswer>(std::in_place, std::in_place_type<Replay>, d.next.outcome,
+                                 std::string(response), d.next.attempt);
     case core::BeginKind::kConflict:
-      return Conflict{};
+      break;
   }
-  return Conflict{};
+  return Result<BeginAnswer>(std::in_place, std::in_place_type<Conflict>);
 }
 
 // One independently locked part of the store. Every member but `slots`/`number`/`bits` is
@@ -560,6 +563,7 @@ class MemoryStore final : public memory_internal::Engine {
   std::uint64_t LogEntity(const Entity& e);
   // Runs `decide` under the shard's lock (it sets the ticket of what it changed or read), then
   // gives its answer once that is durable, waiting outside the lock.
+  // One object from `decide` to the caller, never moved (answers are variants with strings).
   template <typename T, typename F>
   Result<T> UnderLock(Shard& sh, F decide) {
     std::uint64_t ticket = 0;
@@ -567,15 +571,15 @@ class MemoryStore final : public memory_internal::Engine {
       std::lock_guard<SpinLock> lock(sh.mu);
       return decide(ticket);
     }();
-    return Durable(std::move(answer), ticket);
+    MakeDurable(answer, ticket);
+    return answer;
   }
-  // Gives `r` only once the change behind it (or the state it read) is durable.
+  // Leaves `r` as it is once the change behind it (or the state it read) is durable;
+  // replaces it with the journal's error otherwise.
   template <typename T>
-  Result<T> Durable(Result<T> r, std::uint64_t ticket) {
-    if (journal_ == nullptr || ticket == 0) return r;
-    Status st = journal_->Wait(ticket);
-    if (!st.ok()) return st;
-    return r;
+  void MakeDurable(Result<T>& r, std::uint64_t ticket) {
+    if (journal_ == nullptr || ticket == 0) return;
+    if (Status st = journal_->Wait(ticket); !st.ok()) r = std::move(st);
   }
 
   std::size_t ShardIndex(std::uint64_t hash) const {
@@ -962,7 +966,9 @@ Result<std::vector<Record>> MemoryStore::List(const ListFilter& filter) {
       });
     }
   }
-  return Durable(Result<std::vector<Record>>(std::move(out)), Seen());
+  Result<std::vector<Record>> answer(std::move(out));
+  MakeDurable(answer, Seen());
+  return answer;
 }
 
 Result<bool> MemoryStore::Erase(std::string_view scope, std::string_view key) {
