@@ -127,11 +127,14 @@ class KafkaBroker final : public Broker {
   Status CommitPending();
   // Sends the pending offsets as one commit, without waiting for its answer (none in flight).
   Status SendPending();
+  // A commit in flight, or acknowledged offsets not yet committed.
+  bool HasUncommitted() const;
   // Takes the answer to the commit in flight, waiting up to `wait` for it. ok when none is in
   // flight, when it succeeded, and when `wait` is zero and it is not answered yet; kUnavailable
   // when it failed or a positive `wait` passed without an answer (it is then given up on).
   Status AwaitCommit(std::chrono::milliseconds wait);
-  // AwaitCommit, keeping a failure for the next Acknowledge or Settle to report.
+  // AwaitCommit, keeping a failure for the next Acknowledge to report (Settle judges by what
+  // is still uncommitted).
   void TakeCommitAnswer(std::chrono::milliseconds wait);
   // A commit slower than a session is of no use: the group has moved on by then.
   std::chrono::milliseconds CommitTimeout() const {
@@ -509,10 +512,28 @@ void KafkaBroker::TakeCommitAnswer(std::chrono::milliseconds wait) {
 }
 
 Status KafkaBroker::Settle() {
-  // After a failure the commit just sent (again) is left to the next call: a cluster that did
-  // not answer the last one in time is not waited for twice.
-  if (Status s = CommitPending(); !s.ok()) return s;
-  return AwaitCommit(CommitTimeout());
+  // An earlier failure matters only if what it failed to commit is still not committed at the
+  // end: its offsets went again since.
+  commit_error_ = Status();
+  // One bound for the whole call: a cluster that did not answer the commit in flight in time
+  // is not waited for again; one that answered with an error gets the pending offsets again.
+  const auto deadline = SteadyClock::now() + CommitTimeout();
+  Status failure = AwaitCommit(CommitTimeout());
+  if (Status s = SendPending(); !s.ok()) return s;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  if (Status s = AwaitCommit(std::max(left, std::chrono::milliseconds(0))); !s.ok()) {
+    failure = std::move(s);
+  }
+  if (!HasUncommitted()) return {};
+  if (!failure.ok()) return failure;
+  return UnavailableError("kafka: commit not answered within " +
+                          std::to_string(CommitTimeout().count()) + " ms");
+}
+
+bool KafkaBroker::HasUncommitted() const {
+  return sent_.has_value() ||
+         std::any_of(partitions_.begin(), partitions_.end(),
+                     [](const auto& p) { return p.second->pending > p.second->committed; });
 }
 
 Status KafkaBroker::SendPending() {

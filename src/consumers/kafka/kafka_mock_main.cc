@@ -3,13 +3,17 @@
 //
 //   idem-kafka-mock [--brokers N] --topic NAME:PARTITIONS [--topic ...]
 //
-// Prints exactly one line, "bootstrap HOST:PORT[,HOST:PORT...]", once the topics exist, then
-// serves until SIGTERM or SIGINT. Everything else goes to stderr. Exit 2 on bad arguments.
+// Prints "bootstrap HOST:PORT[,HOST:PORT...]" once the topics exist, then serves until SIGTERM
+// or SIGINT. SIGUSR1 makes the next OffsetCommit request fail (every partition answers
+// OFFSET_METADATA_TOO_LARGE, an error librdkafka reports rather than retries) and prints
+// "commit error armed", so a test can see how a consumer handles a failed commit. Everything
+// else goes to stderr. Exit 2 on bad arguments.
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 #include <signal.h>
 
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,6 +25,9 @@ namespace {
 
 constexpr std::string_view kUsage =
     "usage: idem-kafka-mock [--brokers N] --topic NAME:PARTITIONS [--topic ...]\n";
+
+// The Kafka protocol's ApiKey of OffsetCommit (librdkafka names it only in a private header).
+constexpr std::int16_t kOffsetCommitApiKey = 8;
 
 bool ParseInt(std::string_view text, int& out) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
@@ -65,6 +72,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // The mock cluster needs a handle for its own bookkeeping; this one produces nothing.
@@ -98,8 +106,12 @@ int main(int argc, char** argv) {
   std::printf("bootstrap %s\n", rd_kafka_mock_cluster_bootstraps(cluster));
   std::fflush(stdout);
 
-  int signal = 0;
-  sigwait(&signals, &signal);
+  for (int signal = 0; sigwait(&signals, &signal) == 0 && signal == SIGUSR1;) {
+    rd_kafka_mock_push_request_errors(cluster, kOffsetCommitApiKey, 1,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE);
+    std::printf("commit error armed\n");
+    std::fflush(stdout);
+  }
   rd_kafka_mock_cluster_destroy(cluster);
   rd_kafka_destroy(rk);
   return 0;

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "consumers/kafka/kafka_test_cluster.h"
@@ -309,6 +310,51 @@ TEST_F(KafkaTest, ACommitOrCloseTheClusterDoesNotAnswerEndsWithinItsBound) {
   took = std::chrono::steady_clock::now() - started;
   ASSERT_TRUE(cluster_->process().Kill(SIGCONT).ok());
   EXPECT_LT(took, 15s);
+}
+
+// A commit the cluster answers with an error: Poll takes the answer and sends the offsets
+// again; Settle then reports by what is committed, and the next Acknowledge reports the
+// failure Poll found, once.
+TEST_F(KafkaTest, AFailedCommitGoesAgainAndIsReportedOnce) {
+  ASSERT_TRUE(PublishNumbered(*producer_, topic_, 3, "f", 6).ok());
+  const std::string group = UniqueName("g");
+  auto broker = Open(group);
+  ASSERT_NE(broker, nullptr);
+  auto got = PollAtLeast(*broker, 6, 30s);
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->size(), 6u);
+  auto arm = [&] {
+    ASSERT_TRUE(cluster_->process().Kill(SIGUSR1).ok());
+    auto line = cluster_->process().WaitForLine("commit error armed", 10s);
+    ASSERT_TRUE(line) << line.error().ToString();
+  };
+  auto committed = [&] {
+    auto c = CommittedOffset(cluster_->bootstrap(), group, topic_, 3);
+    EXPECT_TRUE(c) << c.error().ToString();
+    return c ? *c : -1;
+  };
+
+  // Poll finds the failure and sends offset 2 again; Settle sees it committed: ok.
+  arm();
+  ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 0, 2)).ok());
+  std::this_thread::sleep_for(500ms);  // the error answer arrives
+  ASSERT_TRUE(broker->Poll(64, 0ms));
+  Status settled = broker->Settle();
+  EXPECT_TRUE(settled.ok()) << settled.ToString();
+  EXPECT_EQ(committed(), 2);
+
+  // Without a Settle in between, the next Acknowledge reports what Poll found, and only it.
+  arm();
+  ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 2, 4)).ok());
+  std::this_thread::sleep_for(500ms);
+  ASSERT_TRUE(broker->Poll(64, 0ms));
+  Status reported = broker->Acknowledge(Pointers(*got, 4, 6));
+  EXPECT_EQ(reported.code(), StatusCode::kUnavailable) << reported.ToString();
+  EXPECT_THAT(reported.message(), HasSubstr("commit failed"));
+  EXPECT_TRUE(broker->Acknowledge({}).ok());
+  settled = broker->Settle();
+  EXPECT_TRUE(settled.ok()) << settled.ToString();
+  EXPECT_EQ(committed(), 6);
 }
 
 TEST_F(KafkaTest, RedeliverSeeksBackPausesAndHoldsTheCommit) {
