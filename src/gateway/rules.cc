@@ -1,5 +1,6 @@
 #include "gateway/rules.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -197,6 +198,26 @@ bool IsHopByHop(std::string_view name) {
     if (EqualsIgnoreCase(name, hop)) return true;
   }
   return false;
+}
+
+Result<std::string> OriginForm(std::string_view target) {
+  if (target.starts_with('/')) return std::string(target);
+  const std::size_t colon = target.find("://");
+  const std::string_view scheme = target.substr(0, colon);
+  if (colon == std::string_view::npos ||
+      !(EqualsIgnoreCase(scheme, "http") || EqualsIgnoreCase(scheme, "https"))) {
+    return InvalidArgumentError("is neither a path (\"/...\") nor an http:// or https:// URL");
+  }
+  const std::string_view rest = target.substr(colon + 3);
+  const std::size_t path = std::min(rest.find_first_of("/?"), rest.size());
+  const std::string_view authority = rest.substr(0, path);
+  if (authority.empty()) return InvalidArgumentError("has no host");
+  if (authority.find('@') != std::string_view::npos) {
+    return InvalidArgumentError("has userinfo (user@host), which HTTP URLs must not carry");
+  }
+  std::string origin(rest.substr(path));
+  if (!origin.starts_with('/')) origin.insert(0, 1, '/');
+  return origin;
 }
 
 // ---- stored response ----
@@ -498,6 +519,11 @@ Problem HeadersTooLarge() {
 
 Problem InvalidBody(std::string detail) {
   return Make(400, "https://idem.dev/problems/invalid-body", "Invalid request body",
+              std::move(detail));
+}
+
+Problem InvalidTarget(std::string detail) {
+  return Make(400, "https://idem.dev/problems/invalid-target", "Invalid request target",
               std::move(detail));
 }
 

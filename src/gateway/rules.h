@@ -47,6 +47,13 @@ std::string PrincipalScope(std::string_view route_scope, std::string_view creden
 // Upgrade. Case-insensitive.
 bool IsHopByHop(std::string_view name);
 
+// The origin-form ("/path?query", RFC 9112 §3.2.1) of a request target, which a server must
+// also accept in absolute-form ("http://host/path?query", §3.2.2): the scheme and authority are
+// dropped, and an empty path becomes "/". An origin-form target is returned as it is. Anything
+// else is kInvalidArgument: a scheme other than http or https, an empty authority, userinfo
+// ("user@host", RFC 9110 §4.2.4), authority-form ("host:443") and asterisk-form ("*").
+Result<std::string> OriginForm(std::string_view target);
+
 // Header text: spaces and tabs around a value (RFC 9110 OWS) removed; ASCII case-insensitive
 // equality, as header names compare.
 std::string_view TrimOws(std::string_view s);
@@ -99,6 +106,7 @@ Problem StoreUnavailable(std::string detail);  // 503 (+ Retry-After from the se
 Problem BodyTooLarge(std::uint64_t limit);     // 413
 Problem HeadersTooLarge();                     // 431
 Problem InvalidBody(std::string detail);       // 400: e.g. a JSON body that does not parse
+Problem InvalidTarget(std::string detail);     // 400: a request target idemd cannot route
 Problem UpstreamFailed(std::string detail);    // 502
 Problem UpstreamTimeout();                     // 504
 Problem ReplayTooLarge(std::uint64_t size);    // 502: the stored body was omitted (too large)

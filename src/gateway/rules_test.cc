@@ -303,6 +303,30 @@ TEST(IsHopByHopTest, OthersAreEndToEnd) {
   }
 }
 
+// ---- OriginForm ----
+
+TEST(OriginFormTest, AbsoluteFormBecomesPathAndQuery) {
+  EXPECT_EQ(*OriginForm("http://127.0.0.1:8080/charges"), "/charges");
+  EXPECT_EQ(*OriginForm("HTTPS://api.example/v1/charges?x=1"), "/v1/charges?x=1");
+  EXPECT_EQ(*OriginForm("http://host"), "/");
+  EXPECT_EQ(*OriginForm("http://host?x=1"), "/?x=1");
+  EXPECT_EQ(*OriginForm("http://[::1]:80/a/b"), "/a/b");
+}
+
+TEST(OriginFormTest, OriginFormIsKept) {
+  EXPECT_EQ(*OriginForm("/charges?x=http://y"), "/charges?x=http://y");
+  EXPECT_EQ(*OriginForm("/"), "/");
+}
+
+TEST(OriginFormTest, OtherFormsAndMalformedUrlsAreRejected) {
+  for (std::string_view bad : {"*", "host:443", "ftp://host/x", "http:/x", "http:///charges",
+                               "http://?x", "http://user@host/x", "charges", ""}) {
+    auto r = OriginForm(bad);
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 // ---- Encode/DecodeStoredResponse ----
 
 StoredResponse Sample() {
@@ -520,6 +544,7 @@ TEST(ProblemsTest, StatusesAndTypes) {
       {problems::BodyTooLarge(1024), 413, "body-too-large"},
       {problems::HeadersTooLarge(), 431, "headers-too-large"},
       {problems::InvalidBody("bad json"), 400, "invalid-body"},
+      {problems::InvalidTarget("no host"), 400, "invalid-target"},
       {problems::UpstreamFailed("refused"), 502, "upstream-failed"},
       {problems::UpstreamTimeout(), 504, "upstream-timeout"},
       {problems::ReplayTooLarge(99), 502, "replay-too-large"},
