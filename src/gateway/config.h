@@ -61,8 +61,9 @@ struct Route {
   KeyMode key = KeyMode::kRequired;  // kOptional: no key -> passed through untouched
   InFlightPolicy in_flight = InFlightPolicy::kReject;
   std::chrono::milliseconds wait{10'000};  // bound for kWait
-  // Upstream statuses whose response is stored and replayed; others release the key.
-  std::vector<StatusRange> stored_statuses{{100, 499}};
+  // Upstream statuses whose response is stored and replayed; others release the key. 1xx
+  // answers are interim: idemd drops them and waits for the final one.
+  std::vector<StatusRange> stored_statuses{{200, 499}};
   std::chrono::milliseconds lease{60'000};  // must exceed upstream_timeout
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::string scope{};  // store scope (before the principal is added); loading sets = prefix

@@ -539,7 +539,7 @@ TEST(GatewayConfigHelp, NamesEveryOptionWithItsDefault) {
                            "in_flight = ",
                            "wait = \"10s\"",
                            "stored_statuses = ",
-                           "(default: [\"100-499\"])",
+                           "(default: [\"200-499\"])",
                            "lease = \"1m\"",
                            "retention = \"1d\"",
                            "scope = ",

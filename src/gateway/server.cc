@@ -83,6 +83,20 @@ std::string Cat(const Parts&... parts) {
   return out;
 }
 
+// Runs `f` when the scope ends, however it ends: a count taken on entry is given back even when
+// an exception unwinds a coroutine, or when a stopped io_context destroys its frame.
+template <class F>
+class [[nodiscard]] OnExit {
+ public:
+  explicit OnExit(F f) : f_(std::move(f)) {}
+  OnExit(const OnExit&) = delete;
+  OnExit& operator=(const OnExit&) = delete;
+  ~OnExit() { f_(); }
+
+ private:
+  F f_;
+};
+
 // ---- logging: one line per event, one write(2) per line so lines never interleave ----
 
 enum class Level : std::uint8_t { kDebug, kInfo, kWarn, kError };
@@ -218,16 +232,18 @@ Result<UpstreamTarget> ResolveUpstream(std::string_view url) {
                         .endpoint = *endpoint};
 }
 
-// Removes hop-by-hop headers and the ones the Connection header names.
+// Removes hop-by-hop headers and the ones named by any of the Connection headers.
 template <class Fields>
 void StripHopByHop(Fields& fields) {
   std::vector<std::string> named;
-  std::string_view connection(fields[http::field::connection]);
-  while (!connection.empty()) {
-    const std::size_t comma = std::min(connection.find(','), connection.size());
-    const std::string_view token = TrimOws(connection.substr(0, comma));
-    if (!token.empty()) named.emplace_back(token);
-    connection.remove_prefix(std::min(comma + 1, connection.size()));
+  for (auto [it, end] = fields.equal_range(http::field::connection); it != end; ++it) {
+    std::string_view connection(it->value());
+    while (!connection.empty()) {
+      const std::size_t comma = std::min(connection.find(','), connection.size());
+      const std::string_view token = TrimOws(connection.substr(0, comma));
+      if (!token.empty()) named.emplace_back(token);
+      connection.remove_prefix(std::min(comma + 1, connection.size()));
+    }
   }
   for (auto it = fields.begin(); it != fields.end();) {
     if (IsHopByHop(std::string_view(it->name_string()))) {
@@ -302,42 +318,52 @@ class UpstreamPool {
                GatewayMetrics& metrics)
       : io_(io), target_(target), max_idle_(max_idle), metrics_(metrics) {}
 
-  // Sends `req` and reads the answer within `timeout`.
+  // Sends `req` and reads the final answer. One deadline, `timeout`, covers the connect, the
+  // write and the read, so a lease longer than upstream_timeout outlasts the whole call.
+  // Interim 1xx answers are dropped; 101 fails, since idemd cannot relay another protocol.
+  // After CancelAll no call starts: it fails as a connection error, so its key is released
+  // like those of the cancelled calls.
   awaitable<UpstreamResult> Send(Request& req, bool head, std::chrono::milliseconds timeout) {
+    if (closing_) co_return UpstreamResult{{}, false, "upstream not called: idemd is stopping"};
     std::unique_ptr<Connection> conn = TakeIdle();
-    if (!conn) {
-      conn = std::make_unique<Connection>(io_);
-      conn->stream.expires_after(timeout);
-      metrics_.upstream_connects->Inc();
-      auto [ec] = co_await conn->stream.async_connect(target_.endpoint, kNoThrow);
-      if (ec) co_return Failure(ec, "connect");
-    }
+    const bool fresh = !conn;
+    if (fresh) conn = std::make_unique<Connection>(io_);
     beast::tcp_stream& stream = conn->stream;
+    // Tracked from before the connect, so CancelAll also stops a call still connecting.
     active_.insert(&stream);
-    struct Untrack {
-      std::set<beast::tcp_stream*>& set;
-      beast::tcp_stream* s;
-      ~Untrack() { set.erase(s); }
-    } untrack{active_, &stream};
-
+    const OnExit untrack([this, &stream] { active_.erase(&stream); });
     stream.expires_after(timeout);
+    if (fresh) {
+      metrics_.upstream_connects->Inc();
+      if (auto [ec] = co_await stream.async_connect(target_.endpoint, kNoThrow); ec) {
+        co_return Failure(ec, "connect");
+      }
+    }
     const std::string wire = Serialize(req, true);
     if (auto [ec, n] = co_await asio::async_write(stream, asio::buffer(wire), kNoThrow); ec) {
       co_return Failure(ec, "write");
     }
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(kMaxUpstreamBody);
-    parser.skip(head);
-    if (auto [ec, n] = co_await http::async_read(stream, conn->buffer, parser, kNoThrow); ec) {
-      co_return Failure(ec, "read");
+    std::optional<http::response_parser<http::string_body>> parser;
+    for (;;) {
+      parser.emplace();
+      parser->body_limit(kMaxUpstreamBody);
+      parser->skip(head);
+      if (auto [ec, n] = co_await http::async_read(stream, conn->buffer, *parser, kNoThrow); ec) {
+        co_return Failure(ec, "read");
+      }
+      const unsigned status = parser->get().result_int();
+      if (status == 101) {
+        co_return UpstreamResult{{}, false, "upstream switched protocols (101)"};
+      }
+      if (status >= 200) break;
     }
-    Response res = parser.release();
     stream.expires_never();
-    if (res.keep_alive() && conn->buffer.size() == 0 && !closing_ && idle_.size() < max_idle_) {
+    // The parser's keep_alive is false for a body that ran to the close, too.
+    if (parser->keep_alive() && conn->buffer.size() == 0 && !closing_ && idle_.size() < max_idle_) {
       conn->idle_since = SteadyClock::now();
       idle_.push_back(std::move(conn));
     }
-    co_return UpstreamResult{std::move(res)};
+    co_return UpstreamResult{parser->release()};
   }
 
   // Shutdown: fail every upstream call in flight (their keys are released) and drop idle ones.
@@ -854,6 +880,9 @@ struct Server::Impl {
 
   void PrepareUpstream(Request& req) const {
     StripHopByHop(req);
+    // idemd has read the whole body already: an upstream asked to say 100 Continue first would
+    // only add an interim answer.
+    req.erase(http::field::expect);
     req.set(http::field::host, upstream.host);
     if (!upstream.base.empty()) {
       req.target(Cat(upstream.base, std::string_view(req.target())));

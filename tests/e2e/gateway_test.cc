@@ -1,17 +1,30 @@
 // End-to-end tests of idemd (SPEC §6): the ledger (examples/ledger) and idemd run as real
 // processes on loopback, and a test client drives them. Each test checks what the client sees
-// and what the ledger recorded, so a double execution shows up as a second charge.
+// and what the ledger recorded, so a double execution shows up as a second charge. Answers the
+// ledger never gives (interim 1xx, odd framing) come from a raw-TCP FakeUpstream instead.
 //
 // The store-failure tests run the same server in process (gateway::Server) over a FaultyStore,
 // since no real store can be made to fail on demand from outside.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -32,6 +45,8 @@ namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
 using namespace std::chrono_literals;
 
 constexpr std::string_view kCharge = R"({"account":"acc-1","amount":1250})";
@@ -535,6 +550,301 @@ TEST(IdemdCommandLine, HelpExitsZero) {
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(*status, 0);
   EXPECT_THAT(child->Stdout(), HasSubstr("--upstream"));
+}
+
+// ---- against a raw-TCP upstream, for answers the ledger never gives ----
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// Writes all of `bytes`; errors are ignored (the peer may be gone, which is the test's to see).
+void SendAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return;
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+std::string Created(std::string_view body) {
+  return "HTTP/1.1 201 Created\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         std::string(body);
+}
+
+// An upstream on 127.0.0.1 that reads each request (headers, then a Content-Length body) and
+// lets `answer` write whatever bytes it likes on the connection; `answer` returns whether to
+// keep the connection for a next request. Requests are kept as received. Its listen backlog is
+// 0 and it accepts nothing before `accept_after`, so a test can hold a connect back: once one
+// connection is queued, the kernel drops further SYNs and the client sends its SYN again a
+// second later.
+class FakeUpstream {
+ public:
+  using Answer = std::function<bool(int fd, const std::string& request)>;
+
+  explicit FakeUpstream(Answer answer, std::chrono::milliseconds accept_after = 0ms)
+      : answer_(std::move(answer)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    auto* sa = reinterpret_cast<sockaddr*>(&addr);
+    if (::bind(listener_, sa, len) != 0 || ::listen(listener_, 0) != 0 ||
+        ::getsockname(listener_, sa, &len) != 0) {
+      ADD_FAILURE() << "fake upstream: cannot listen: " << std::strerror(errno);
+    }
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this, accept_after] { Accept(accept_after); });
+  }
+  FakeUpstream(const FakeUpstream&) = delete;
+  FakeUpstream& operator=(const FakeUpstream&) = delete;
+  ~FakeUpstream() {
+    stop_ = true;
+    acceptor_.join();
+    for (std::thread& t : connections_) t.join();
+    ::close(listener_);
+  }
+
+  std::uint16_t port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> requests() const {
+    std::lock_guard lock(mu_);
+    return requests_;
+  }
+
+ private:
+  void Accept(std::chrono::milliseconds accept_after) {
+    std::this_thread::sleep_for(accept_after);
+    while (!stop_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int fd = ::accept(listener_, nullptr, nullptr);
+      if (fd >= 0) connections_.emplace_back([this, fd] { Serve(fd); });
+    }
+  }
+
+  void Serve(int fd) {
+    std::string buffer;
+    bool open = true;
+    while (open && !stop_) {
+      if (const std::size_t size = RequestSize(buffer); size > 0) {
+        const std::string request = buffer.substr(0, size);
+        buffer.erase(0, size);
+        {
+          std::lock_guard lock(mu_);
+          requests_.push_back(request);
+        }
+        open = answer_(fd, request);
+        continue;
+      }
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      char bytes[4096];
+      const ssize_t n = ::recv(fd, bytes, sizeof bytes, 0);
+      if (n <= 0) break;
+      buffer.append(bytes, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+  }
+
+  // The size of the first complete request in `buffer`, 0 if it has not all arrived.
+  static std::size_t RequestSize(const std::string& buffer) {
+    const std::size_t end = buffer.find("\r\n\r\n");
+    if (end == std::string::npos) return 0;
+    const std::string head = Lower(buffer.substr(0, end + 2));
+    const std::size_t length = head.find("\r\ncontent-length:");
+    const std::size_t body =
+        length == std::string::npos ? 0 : std::strtoul(head.c_str() + length + 17, nullptr, 10);
+    return buffer.size() < end + 4 + body ? 0 : end + 4 + body;
+  }
+
+  Answer answer_;
+  int listener_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> connections_;  // touched by the acceptor only, until it is joined
+  mutable std::mutex mu_;
+  std::vector<std::string> requests_;
+};
+
+// The value of header `name` (lowercase) in a raw request, "" if absent.
+std::string HeaderIn(const std::string& request, std::string_view name) {
+  const std::string lower = Lower(request);
+  const std::string at = "\r\n" + std::string(name) + ":";
+  const std::size_t start = lower.find(at);
+  if (start == std::string::npos) return "";
+  const std::size_t value = request.find_first_not_of(' ', start + at.size());
+  return request.substr(value, request.find("\r\n", value) - value);
+}
+
+// One request on a fresh connection, with a timeout short enough that a missing answer fails
+// the test quickly.
+HttpResponse Post(std::uint16_t port, std::string_view target, const HttpHeaders& headers,
+                  std::string_view body = "{}") {
+  auto r = HttpRequest(port, "POST", target, headers, body, 3s);
+  EXPECT_TRUE(r.has_value()) << r.status().ToString();
+  return r.has_value() ? *r : HttpResponse{};
+}
+
+// 103 Early Hints, then the final answer 50 ms later: the client and its retries get the final
+// one, and the next request on the pooled connection gets its own answer, not a leftover.
+TEST_F(GatewayTest, InterimUpstreamAnswersAreDroppedAndTheFinalOneIsStored) {
+  FakeUpstream upstream([](int fd, const std::string& request) {
+    SendAll(fd, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
+    std::this_thread::sleep_for(50ms);
+    SendAll(fd, Created(HeaderIn(request, "idempotency-key")));
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url(), "--threads", "1"}));
+  // The whole body is sent at once: idemd has it before it calls the upstream, so the upstream
+  // is not asked to say 100 Continue.
+  const HttpResponse first =
+      Post(port_, "/charges", {{"Idempotency-Key", "k1"}, {"Expect", "100-continue"}});
+  EXPECT_EQ(first.status, 201);
+  EXPECT_EQ(first.body, "k1");
+  const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "k1"}});
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_EQ(retry.body, "k1");
+  EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+  const HttpResponse other = Post(port_, "/charges", {{"Idempotency-Key", "k2"}});
+  EXPECT_EQ(other.status, 201);
+  EXPECT_EQ(other.body, "k2");
+  EXPECT_FALSE(other.HasHeader("Idempotent-Replayed"));
+
+  const std::vector<std::string> seen = upstream.requests();
+  ASSERT_EQ(seen.size(), 2u);
+  for (const std::string& r : seen) EXPECT_EQ(HeaderIn(r, "expect"), "") << r;
+}
+
+// 101 hands the connection over to another protocol, which a proxy that stores answers cannot
+// relay: an upstream error, so the key is released.
+TEST_F(GatewayTest, UpstreamSwitchingProtocolsIs502AndReleasesTheKey) {
+  std::atomic<bool> upgrade{true};
+  FakeUpstream upstream([&](int fd, const std::string&) {
+    if (!upgrade) {
+      SendAll(fd, Created("ok"));
+      return true;
+    }
+    SendAll(fd, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\n");
+    return false;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const HttpResponse switched = Post(port_, "/charges", {{"Idempotency-Key", "u1"}});
+  EXPECT_EQ(switched.status, 502);
+  EXPECT_EQ(switched.Header("Content-Type"), "application/problem+json");
+  upgrade = false;
+  const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "u1"}});
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
+}
+
+// The response's Connection headers all name hop-by-hop headers, not only the first one.
+TEST_F(GatewayTest, HeadersNamedByAnyConnectionHeaderAreNeitherReturnedNorStored) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd,
+            "HTTP/1.1 201 Created\r\nConnection: keep-alive\r\nConnection: X-Internal\r\n"
+            "X-Internal: 1\r\nX-Public: 2\r\nContent-Length: 2\r\n\r\nok");
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const HttpResponse first = Post(port_, "/charges", {{"Idempotency-Key", "c1"}});
+  EXPECT_EQ(first.status, 201);
+  EXPECT_FALSE(first.HasHeader("X-Internal"));
+  EXPECT_EQ(first.Header("X-Public"), "2");
+  const HttpResponse replay = Post(port_, "/charges", {{"Idempotency-Key", "c1"}});
+  EXPECT_EQ(replay.Header("Idempotent-Replayed"), "true");
+  EXPECT_FALSE(replay.HasHeader("X-Internal"));
+  EXPECT_EQ(replay.Header("X-Public"), "2");
+}
+
+// A body that runs to the close ends its connection: it must not go back to the pool, where
+// the next request would be written to a closed connection.
+TEST_F(GatewayTest, CloseDelimitedUpstreamAnswersAreNotPooled) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello");
+    return false;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url(), "--threads", "1"}));
+  for (int i = 0; i < 3; ++i) {
+    auto r = HttpRequest(port_, "GET", "/things", {}, {}, 3s);
+    ASSERT_TRUE(r.has_value()) << r.status().ToString();
+    EXPECT_EQ(r->status, 200) << i << ": " << r->body;
+    EXPECT_EQ(r->body, "hello") << i;
+  }
+}
+
+// One deadline covers the connect, the write and the read. The upstream holds the connect back
+// for about a second (its backlog is full until it accepts a filler connection at 500 ms),
+// then answers 1.2 s after the request: 2.2 s in all, over the 1.5 s upstream_timeout, though
+// each step alone is within it.
+TEST_F(GatewayTest, UpstreamTimeoutBoundsTheWholeCallConnectIncluded) {
+  FakeUpstream upstream(
+      [](int fd, const std::string&) {
+        std::this_thread::sleep_for(1200ms);
+        SendAll(fd, Created("late"));
+        return true;
+      },
+      500ms);
+  auto filler = HttpConnection::Connect("127.0.0.1", upstream.port());
+  ASSERT_TRUE(filler.has_value());
+  ASSERT_NO_FATAL_FAILURE(
+      StartIdemd({"--upstream", upstream.url(), "--upstream-timeout", "1500ms"}));
+  const auto t0 = std::chrono::steady_clock::now();
+  const HttpResponse r = Post(port_, "/charges", {{"Idempotency-Key", "t1"}});
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// Once SIGTERM has cancelled the upstream calls, a waiting duplicate that takes the released
+// key must not call the upstream on a connection nothing cancels (idemd would stop with that
+// call abandoned and the key in progress until its lease ends): it releases the key too.
+TEST_F(GatewayTest, AfterSigtermCancelsUpstreamCallsNoNewOneStarts) {
+  store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  std::atomic<bool> slow{true};
+  FakeUpstream upstream([&](int fd, const std::string&) {
+    for (int i = 0; i < 800 && slow; ++i) std::this_thread::sleep_for(10ms);
+    SendAll(fd, Created("ok"));
+    return true;
+  });
+  const std::string config = WriteConfig(R"(
+[[route]]
+prefix = "/charges"
+methods = ["POST"]
+in_flight = "wait"
+wait = "10s"
+)");
+  const std::vector<std::string> args = {"--config", config, "--upstream", upstream.url()};
+  std::vector<std::string> flags = args;
+  flags.insert(flags.end(), {"--shutdown-grace", "200ms"});
+  ASSERT_NO_FATAL_FAILURE(StartIdemd(flags));
+  const auto charge = [&] {
+    auto r = HttpRequest(port_, "POST", "/charges", {{"Idempotency-Key", "drain-3"}}, "{}", 15s);
+    if (r) {
+      EXPECT_NE(r->status, 201);
+    }
+  };
+  std::thread first(charge);
+  std::this_thread::sleep_for(300ms);
+  std::thread duplicate(charge);
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(idemd_->Kill(SIGTERM).ok());
+  auto status = idemd_->Wait(20s);
+  first.join();
+  duplicate.join();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << idemd_->Stderr();
+  idemd_.reset();
+  EXPECT_EQ(upstream.requests().size(), 1u);
+
+  slow = false;
+  ASSERT_NO_FATAL_FAILURE(StartIdemd(args));
+  const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "drain-3"}});
+  EXPECT_EQ(retry.status, 201) << retry.body;
+  EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
 }
 
 // ---- in process, over a store that fails on demand ----
