@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -704,12 +705,30 @@ struct Server::Impl {
   };
 
   awaitable<Answer> Handle(Worker& w, Request& req) {
+    if (std::optional<Problem> problem = Normalize(req)) {
+      co_return Answer{MakeProblem(req, *problem), Outcome::kBadRequest};
+    }
     const std::string_view target(req.target());
     const std::string_view path = target.substr(0, target.find('?'));
     const Route* route = config.RouteFor(path);
     Answer a = co_await HandleOnRoute(w, req, route);
     a.route = route;
     co_return a;
+  }
+
+  // Brings the request into the form routing and forwarding expect, or says why it cannot be:
+  // an origin-form target (absolute-form, which a server must accept, is reduced to its path
+  // and query), and no TRACE with content (RFC 9110 §9.3.8; Beast refuses to frame one).
+  static std::optional<Problem> Normalize(Request& req) {
+    if (req.method() == http::verb::trace && !req.body().empty()) {
+      return problems::InvalidBody("a TRACE request must not have content");
+    }
+    const std::string_view target(req.target());
+    if (target.starts_with('/')) return std::nullopt;
+    Result<std::string> origin = OriginForm(target);
+    if (!origin) return problems::InvalidTarget(Cat("the target ", origin.error().message()));
+    req.target(*origin);
+    return std::nullopt;
   }
 
   awaitable<Answer> HandleOnRoute(Worker& w, Request& req, const Route* route) {
@@ -896,27 +915,36 @@ struct Server::Impl {
 
   awaitable<void> Session(Worker& w, tcp::socket socket) {
     metrics.connections->Add(1);
+    const OnExit closed([this] { metrics.connections->Add(-1); });
     beast::tcp_stream stream(std::move(socket));
+    // A throw (from a library; idemd's own code does not throw) ends this connection only.
+    // co_spawn's detached handler would drop it without a word.
+    try {
+      co_await ServeRequests(w, stream);
+    } catch (const std::exception& e) {
+      log.Write(Level::kError, Cat("event=connection_error error=\"", e.what(), "\""));
+    }
+    boost::system::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  awaitable<void> ServeRequests(Worker& w, beast::tcp_stream& stream) {
     beast::flat_buffer buffer;
     for (;;) {
       if (buffer.size() == 0) {
         // Idle keep-alive: wait for the first byte of the next request.
-        if (draining.load(std::memory_order_relaxed)) break;
+        if (draining.load(std::memory_order_relaxed)) co_return;
         w.idle_sessions.insert(&stream);
         stream.expires_after(config.idle_timeout);
         auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), kNoThrow);
         w.idle_sessions.erase(&stream);
-        if (ec) break;
+        if (ec) co_return;
         buffer.commit(n);
       }
       busy_requests.fetch_add(1, std::memory_order_relaxed);
-      const bool keep = co_await ServeOne(w, stream, buffer);
-      busy_requests.fetch_sub(1, std::memory_order_relaxed);
-      if (!keep) break;
+      const OnExit served([this] { busy_requests.fetch_sub(1, std::memory_order_relaxed); });
+      if (!co_await ServeOne(w, stream, buffer)) co_return;
     }
-    boost::system::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    metrics.connections->Add(-1);
   }
 
   // Reads one request (the whole of it within client_timeout), answers it; false: close.

@@ -742,6 +742,44 @@ TEST_F(GatewayTest, UpstreamSwitchingProtocolsIs502AndReleasesTheKey) {
   EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
 }
 
+// RFC 9112 §3.2.2: a server must accept absolute-form; it is routed and forwarded as its path.
+TEST_F(GatewayTest, AbsoluteFormTargetsAreRoutedAndForwardedAsTheirPath) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, Created("ok"));
+    return true;
+  });
+  const std::string config = WriteConfig("[[route]]\nprefix = \"/charges\"\n");
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--config", config, "--upstream", upstream.url()}));
+  const std::string url = "http://127.0.0.1:" + std::to_string(port_) + "/charges";
+  const auto raw = [&](const std::string& request_line, std::string_view key) {
+    auto c = HttpConnection::Connect("127.0.0.1", port_, 3s);
+    EXPECT_TRUE(c.has_value());
+    if (!c) return HttpResponse{};
+    const std::string key_line = key.empty() ? "" : "Idempotency-Key: " + std::string(key) + "\r\n";
+    EXPECT_TRUE(
+        c->RawSend(request_line + "\r\nHost: a\r\n" + key_line + "Content-Length: 2\r\n\r\n{}")
+            .ok());
+    auto r = c->ReadResponse();
+    EXPECT_TRUE(r.has_value()) << r.status().ToString();
+    return r.has_value() ? *r : HttpResponse{};
+  };
+
+  const HttpResponse keyless = raw("POST " + url + " HTTP/1.1", "");
+  EXPECT_EQ(keyless.status, 400);
+  EXPECT_THAT(keyless.body, HasSubstr("missing-key"));
+  EXPECT_EQ(raw("POST " + url + " HTTP/1.1", "a1").status, 201);
+  const HttpResponse malformed = raw("POST http:///charges HTTP/1.1", "a2");
+  EXPECT_EQ(malformed.status, 400);
+  EXPECT_EQ(malformed.Header("Content-Type"), "application/problem+json");
+
+  const std::vector<std::string> seen = upstream.requests();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_THAT(seen[0], StartsWith("POST /charges HTTP/1.1\r\n"));
+  // The same request in origin-form is the same request: a replay.
+  EXPECT_EQ(Post(port_, "/charges", {{"Idempotency-Key", "a1"}}).Header("Idempotent-Replayed"),
+            "true");
+}
+
 // The response's Connection headers all name hop-by-hop headers, not only the first one.
 TEST_F(GatewayTest, HeadersNamedByAnyConnectionHeaderAreNeitherReturnedNorStored) {
   FakeUpstream upstream([](int fd, const std::string&) {
@@ -797,6 +835,28 @@ TEST_F(GatewayTest, UpstreamTimeoutBoundsTheWholeCallConnectIncluded) {
   const HttpResponse r = Post(port_, "/charges", {{"Idempotency-Key", "t1"}});
   EXPECT_EQ(r.status, 504) << r.body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// A TRACE request must not have content (RFC 9110 §9.3.8): a 400, not an exception that
+// drops the connection and leaves the request counted as in flight, so SIGTERM exits at once.
+TEST_F(GatewayTest, TraceWithContentIs400AndSigtermStillExitsPromptly) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--shutdown-grace", "3s"}));
+  auto c = HttpConnection::Connect("127.0.0.1", port_, 3s);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->RawSend("TRACE /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc").ok());
+  auto r = c->ReadResponse();
+  ASSERT_TRUE(r.has_value()) << r.status().ToString();
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(r->Header("Content-Type"), "application/problem+json");
+  c->Close();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(idemd_->Kill(SIGTERM).ok());
+  auto status = idemd_->Wait(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << idemd_->Stderr();
+  idemd_.reset();
 }
 
 // Once SIGTERM has cancelled the upstream calls, a waiting duplicate that takes the released
