@@ -601,9 +601,13 @@ struct Server::Impl {
         metrics(r, c) {}
 
   struct Worker {
+    // Declared before the io_context, so it outlives it: a coroutine still suspended in
+    // UpstreamPool::Send when the io_context goes (past the shutdown's cancel window) is
+    // destroyed with it and unregisters its call from the pool then. Shutdown drops the pool's
+    // connections first: none of its sockets may outlive the io_context.
+    std::optional<UpstreamPool> pool;
     asio::io_context io{1};
     std::optional<tcp::acceptor> acceptor;
-    std::optional<UpstreamPool> pool;
     std::optional<StoreBatcher> batcher;         // empty: the store is called inline
     std::set<beast::tcp_stream*> idle_sessions;  // waiting for a next request
     std::thread thread;
@@ -1128,6 +1132,9 @@ struct Server::Impl {
       for (auto& w : workers) w->io.stop();
       for (auto& w : workers) {
         if (w->thread.joinable()) w->thread.join();
+      }
+      for (auto& w : workers) {
+        if (w->pool) w->pool->CancelAll();  // its threads are gone: no race
       }
       if (admin) admin->Stop();
       if (store_pool) store_pool->join();
