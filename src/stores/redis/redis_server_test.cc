@@ -240,6 +240,48 @@ TEST(RedisWaitTest, AnswersOnlyOnceReplicasHaveTheWrite) {
 
 // A completed record without fingerprint or response, written by a caller whose clock agrees
 // with the server's, is stored as one integer; it reads back exactly.
+// A batch completion from a caller whose clock is behind the beginner's by more than the
+// retention: the record's expiry comes before its creation, which the compact form cannot
+// hold (it once wrapped into the fields above it: a creation time days off, another token).
+TEST(RedisCompactTest, ABatchCompletionWithAnExpiryBeforeTheCreationIsStoredExactly) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.has_value()) << server.error().ToString();
+  const Timestamp now = Timestamp(std::chrono::duration_cast<milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch()));
+  testing::FakeClock ahead(now + 900ms);
+  testing::FakeClock behind(now - 900ms);
+  RedisStoreOptions oa = SingleNode(**server);
+  oa.clock = &ahead;
+  RedisStoreOptions ob = SingleNode(**server);
+  ob.clock = &behind;
+  auto a = Open(oa);
+  auto b = Open(ob);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+
+  const std::string key = "fedcba9876543210fedcba9876543210";
+  auto begun = a->Begin(BeginRequest{.scope = "", .key = key});
+  ASSERT_TRUE(IsAcquired(begun)) << Show(begun);
+  const Acquired acquired = std::get<Acquired>(*begun);
+  const CompleteRequest c{.scope = "",
+                          .key = key,
+                          .token = acquired.token,
+                          .outcome = Outcome::kSuccess,
+                          .retention = 100ms};
+  auto done = b->CompleteBatch(std::span<const CompleteRequest>(&c, 1));
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_THAT(done[0], ::testing::Optional(WriteAnswer::kApplied));
+
+  auto got = b->Get("", key);
+  ASSERT_TRUE(got.has_value() && got->has_value()) << got.status().ToString();
+  EXPECT_EQ((*got)->state, RecordState::kCompleted);
+  EXPECT_EQ((*got)->token, acquired.token);
+  EXPECT_EQ((*got)->created, now + 900ms);
+  EXPECT_EQ((*got)->attempt, 1u);
+  auto replay = b->Begin(BeginRequest{.scope = "", .key = key});
+  ASSERT_TRUE(replay.has_value() && std::holds_alternative<Replay>(*replay)) << Show(replay);
+}
+
 TEST(RedisCompactTest, CompletedRecordIsOneIntegerAndReadsBackExactly) {
   auto server = RedisServer::Start();
   ASSERT_TRUE(server.has_value()) << server.error().ToString();

@@ -338,7 +338,7 @@ for i = 1, #KEYS do
         local zt = dt * 2
         if dt < 0 then zt = -dt * 2 - 1 end
         local ttl = expires - created
-        if math.abs(server - now) <= 1000 and ttl < 268435456 and zt < 2097152 then
+        if math.abs(server - now) <= 1000 and ttl > 0 and ttl < 268435456 and zt < 2097152 then
           n = (((kind - 1) * 8 + attempt - 1) * 2097152 + zt) * 268435456 + ttl
         end
       end
