@@ -357,6 +357,9 @@ Status LogStore::Open() {
 
   Recovered rec;
   IDEM_RETURN_IF_ERROR(Recover(&rec));
+  // Replay kept whatever a later image could still have refreshed; what is expired now goes.
+  auto reclaimed = engine_->Purge();
+  if (!reclaimed) return reclaimed.error();
   engine_->RaiseTokenFloor(rec.max_token);
   snapshot_id_ = rec.snapshot_id;
 

@@ -17,6 +17,7 @@
 #include "stores/log/batch.h"
 #include "stores/log/crc32c.h"
 #include "stores/log/log_store_internal.h"
+#include "stores/memory/engine.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/faulty_file_system.h"
 
@@ -496,6 +497,116 @@ TEST_F(LogStoreTest, TokensKeepGrowingAcrossReopensAndCompactions) {
     ASSERT_TRUE(s->Release("t", "k", t));
     ASSERT_TRUE(s->Purge());  // compacts: the released record's token is gone from the log
   }
+}
+
+// A live session's expiry slides forward with each request, so the log holds images of it
+// with growing expiries. Reopened after an early image's expiry but before the last one's,
+// the session and every record in it must be there: a completed, unacknowledged number is
+// replayed, not run a second time.
+TEST_F(LogStoreTest, ASessionRefreshedPastAnOldImagesExpiryKeepsItsRecords) {
+  const Timestamp t0 = clock_.Now();
+  constexpr milliseconds kTtl{10'000};
+  {
+    auto s = Open(Options());
+    ASSERT_TRUE(s->OpenSession({"t", "client", kTtl, 8}));
+    clock_.Set(t0 + milliseconds(1'000));
+    auto q1 = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+    ASSERT_TRUE(q1 && std::holds_alternative<Acquired>(*q1));
+    clock_.Set(t0 + milliseconds(2'000));
+    auto c1 = s->CompleteSequenced(
+        {"t", "client", 1, std::get<Acquired>(*q1).token, Outcome::kSuccess, "r"});
+    ASSERT_TRUE(c1 && *c1 == WriteAnswer::kApplied);
+    clock_.Set(t0 + milliseconds(5'000));
+    auto q2 = s->BeginSequenced({"t", "client", 2, 0, std::nullopt, kLease});
+    ASSERT_TRUE(q2 && std::holds_alternative<Acquired>(*q2));
+  }
+  clock_.Set(t0 + milliseconds(11'500));  // past the first images' expiry, before the last's
+  {
+    auto s = Open(Options());
+    ASSERT_NE(s, nullptr);
+    auto r1 = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+    ASSERT_TRUE(r1) << r1.error().ToString();
+    ASSERT_TRUE(std::holds_alternative<Replay>(*r1)) << BeginAnswerName(*r1);
+    EXPECT_EQ(std::get<Replay>(*r1).response, "r");
+    auto r2 = s->BeginSequenced({"t", "client", 2, 0, std::nullopt, kLease});
+    ASSERT_TRUE(r2) << r2.error().ToString();
+    EXPECT_TRUE(std::holds_alternative<Busy>(*r2)) << BeginAnswerName(*r2);
+  }
+  // Once the last image has expired too, the session is gone after a reopen, records and all.
+  clock_.Set(t0 + milliseconds(60'000));
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  auto st = s->Stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->sessions, 0u);
+  EXPECT_EQ(st->completed + st->in_progress, 0u);
+  auto gone = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+  ASSERT_FALSE(gone);
+  EXPECT_EQ(gone.error().code(), StatusCode::kFailedPrecondition);
+}
+
+// The reaper takes an expired session without a log entry; one registered again under the
+// same name afterwards starts afresh on replay too, without the old session's records.
+TEST_F(LogStoreTest, ReplayDoesNotGiveASessionRegisteredAgainTheRecordsOfTheOldOne) {
+  const Timestamp t0 = clock_.Now();
+  constexpr milliseconds kTtl{10'000};
+  MemoryStoreOptions mem;
+  mem.clock = &clock_;
+  mem.shards = 64;
+  mem.reclaim_interval = milliseconds(0);
+  auto engine = memory_internal::Engine::Create(mem, nullptr);
+  clock_.Set(t0 + milliseconds(21'000));  // replayed after the last image was written
+  core::Change old_session;
+  old_session.type = core::ChangeType::kSessionPut;
+  old_session.scope = "t";
+  old_session.name = "client";
+  old_session.session = {0, 8, kTtl, t0 + kTtl};
+  ASSERT_TRUE(engine->Apply(old_session).ok());
+  core::Change record;
+  record.type = core::ChangeType::kSeqPut;
+  record.scope = "t";
+  record.name = "client";
+  record.seq = 1;
+  record.record.state = RecordState::kCompleted;
+  record.record.token = (Token{1} << 6) | 1;
+  record.record.created = t0;
+  record.record.expires = t0 + std::chrono::hours(24 * 365);
+  record.response = "old";
+  ASSERT_TRUE(engine->Apply(record).ok());
+  core::Change new_session = old_session;  // registered at t0 + 20 s, the old one long expired
+  new_session.session = {0, 8, kTtl, t0 + milliseconds(20'000) + kTtl};
+  ASSERT_TRUE(engine->Apply(new_session).ok());
+  auto a = engine->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+  ASSERT_TRUE(a) << a.error().ToString();
+  EXPECT_TRUE(std::holds_alternative<Acquired>(*a)) << BeginAnswerName(*a);
+}
+
+// Records and entities: an image expired by the time of the reopen, followed later in the log
+// by a newer image of the same key, leaves the newer one.
+TEST_F(LogStoreTest, AnExpiredImageFollowedByANewerOneKeepsTheNewer) {
+  const Timestamp t0 = clock_.Now();
+  auto o = Options();
+  o.abandoned_retention = milliseconds(1'000);
+  {
+    auto s = Open(o);
+    // Abandoned at t0 + 1 s, reclaimable from t0 + 2 s.
+    auto a = s->Begin({"t", "k", std::nullopt, milliseconds(1'000)});
+    ASSERT_TRUE(a && std::holds_alternative<Acquired>(*a));
+    auto v = s->BeginVersioned({"t", "order", 1, milliseconds(1'000)});
+    ASSERT_TRUE(v && std::holds_alternative<Acquired>(*v));
+    clock_.Set(t0 + milliseconds(5'000));
+    Cycle(*s, "k");
+    auto v2 = s->BeginVersioned({"t", "order", 2, kLease});
+    ASSERT_TRUE(v2 && std::holds_alternative<Acquired>(*v2)) << BeginAnswerName(*v2);
+    ASSERT_TRUE(s->CompleteVersioned({"t", "order", std::get<Acquired>(*v2).token, kRetention}));
+  }
+  clock_.Set(t0 + milliseconds(10'000));
+  auto s = Open(o);
+  ASSERT_NE(s, nullptr);
+  ExpectReplay(*s, "k");
+  auto v = s->BeginVersioned({"t", "order", 2, kLease});
+  ASSERT_TRUE(v);
+  EXPECT_TRUE(std::holds_alternative<Stale>(*v)) << BeginAnswerName(*v);
 }
 
 TEST(LogStoreUrl, Parses) {

@@ -23,7 +23,10 @@ class Engine : public Store {
   static std::unique_ptr<Engine> Create(const MemoryStoreOptions& options, core::Journal* journal);
 
   // Recovery, before the engine serves callers: applies one change image without journaling
-  // it. Images already expired by the clock are dropped. Not thread-safe with other calls.
+  // it. Applying a log's images in order gives the state they describe; what is expired by the
+  // clock may stay (a session image is kept even if expired, since a later image of the same
+  // session may refresh it) and behaves as absent, so call Purge() once every image is applied
+  // to reclaim it. Not thread-safe with other calls.
   virtual Status Apply(const core::Change& change) = 0;
   // Every token handed out from now on is above `floor`.
   virtual void RaiseTokenFloor(std::uint64_t floor) = 0;

@@ -1484,12 +1484,22 @@ Status MemoryStore::Apply(const core::Change& c) {
       Shard& sh = ShardFor(absl::HashOf(key));
       std::lock_guard<SpinLock> lock(sh.mu);
       auto it = sh.sessions.find(key);
-      if (c.type == core::ChangeType::kSessionDelete ||
-          (c.type == core::ChangeType::kSessionPut && now >= c.session.expires)) {
+      if (c.type == core::ChangeType::kSessionDelete) {
         if (it != sh.sessions.end()) sh.sessions.erase(it);
         return OkStatus();
       }
       if (c.type == core::ChangeType::kSessionPut) {
+        // Applied even if expired by now: a live session's expiry slides forward with each
+        // request, so the log holds many images of it and an old one may be expired while a
+        // later one is not; dropping the session (and its records) at the old image lost them
+        // (the caller reclaims what is still expired once the whole log is applied). Every
+        // image is written at `expires - ttl`; an image written when the session we hold had
+        // already expired is of a session registered afresh after the reaper took the old one
+        // (which it does without a journal entry), so the old records go.
+        const Timestamp written = c.session.expires - c.session.ttl;
+        if (it != sh.sessions.end() && written >= it->second.head.expires) {
+          it->second.records.clear();
+        }
         if (it == sh.sessions.end()) {
           it = sh.sessions.try_emplace(std::move(key)).first;
           it->second.scope.assign(c.scope);
@@ -1499,7 +1509,7 @@ Status MemoryStore::Apply(const core::Change& c) {
         DropThrough(it->second, c.session.low_water);
         return OkStatus();
       }
-      // A sequenced record whose session expired before this replay went with it.
+      // The session was deleted (or never registered): its records went with it.
       if (it == sh.sessions.end()) return OkStatus();
       if (c.type == core::ChangeType::kSeqDelete) {
         it->second.records.erase(c.seq);
