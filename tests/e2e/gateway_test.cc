@@ -859,6 +859,66 @@ TEST_F(GatewayTest, TraceWithContentIs400AndSigtermStillExitsPromptly) {
   idemd_.reset();
 }
 
+// A raw connection to 127.0.0.1:port, for exchanges HttpConnection does not expose (reading
+// an interim answer before sending the body); -1 on failure.
+int ConnectRaw(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What arrives on `fd` within `wait`, up to the first time `until` is in it (or the close).
+std::string ReadUntil(int fd, std::string_view until, std::chrono::milliseconds wait) {
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (got.find(until) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left <= 0ms) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  return got;
+}
+
+// A client that sends Expect: 100-continue holds its body back until idemd says to go on;
+// one whose body is over the limit is refused on its header alone.
+TEST_F(GatewayTest, AnExpectContinueClientIsToldToGoOnUnlessItsBodyIsTooLarge) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--max-body-bytes", "1024"}));
+  const std::string body(kCharge);
+  const int fd = ConnectRaw(port_);
+  ASSERT_GE(fd, 0);
+  SendAll(fd,
+          "POST /charges HTTP/1.1\r\nHost: a\r\nIdempotency-Key: expect-1\r\n"
+          "Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n");
+  EXPECT_EQ(ReadUntil(fd, "\r\n\r\n", 900ms), "HTTP/1.1 100 Continue\r\n\r\n");
+  SendAll(fd, body);
+  EXPECT_THAT(ReadUntil(fd, "idempotency_key", 5s), StartsWith("HTTP/1.1 201 "));
+  ::close(fd);
+  EXPECT_EQ(LedgerCharges(), 1);
+
+  const int big = ConnectRaw(port_);
+  ASSERT_GE(big, 0);
+  SendAll(big,
+          "POST /charges HTTP/1.1\r\nHost: a\r\nIdempotency-Key: expect-2\r\n"
+          "Expect: 100-continue\r\nContent-Length: 5000\r\n\r\n");
+  EXPECT_THAT(ReadUntil(big, "\r\n\r\n", 900ms), StartsWith("HTTP/1.1 413 "));
+  ::close(big);
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
 // Once SIGTERM has cancelled the upstream calls, a waiting duplicate that takes the released
 // key must not call the upstream on a connection nothing cancels (idemd would stop with that
 // call abandoned and the key in progress until its lease ends): it releases the key too.
