@@ -129,6 +129,8 @@ class Receiver {
   Receiver(const Receiver&) = delete;
   Receiver& operator=(const Receiver&) = delete;
 
+  // kInvalidArgument, before anything else, when the options' lease or retentions are out of
+  // range (above 0, at most 100 years).
   Result<Delivered> Receive(const Message& message, const Handler& handler);
 
   // The key Receive would use for `message`, validated.
@@ -149,6 +151,7 @@ class Receiver {
 
   Store& store_;
   ReceiverOptions options_;
+  Status options_status_;  // not ok: every Receive fails with it (durations out of range)
   Clock& clock_;
   std::unique_ptr<Flights> flights_;
 };

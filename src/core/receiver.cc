@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/machine.h"
 #include "core/receiver_parts.h"
 #include "idem/fingerprint.h"
 
@@ -98,11 +99,54 @@ struct Receiver::Flights {
   std::array<Shard, kShards> shards;
 
   Shard& ShardOf(const std::string& key) { return shards[std::hash<std::string>{}(key) % kShards]; }
+
+  // Only a duplicate with the same fingerprint shares an execution: one with another payload
+  // is a different request, which the store answers Conflict (SPEC §2), not this one's
+  // outcome. The receiver's fingerprint mode is fixed, so the fingerprint is either always or
+  // never there, and always of one length: the name is unambiguous.
+  static std::string FlightName(const std::string& key, const std::optional<Fingerprint>& fp) {
+    if (!fp) return key;
+    std::string name = key;
+    name.push_back('\0');
+    name.append(fp->Hex());
+    return name;
+  }
+
+  // Ends the first execution: its followers get `result` and the next caller starts afresh.
+  void Land(Shard& shard, const std::string& name, Flight& flight, Result<Delivered> result) {
+    {
+      std::lock_guard lock(shard.mu);
+      shard.by_key.erase(name);
+    }
+    {
+      std::lock_guard lock(flight.mu);
+      flight.result = std::move(result);
+      flight.done = true;
+    }
+    flight.done_cv.notify_all();
+  }
 };
+
+namespace {
+// Durations the store would refuse only once the handler had run (Complete with a retention
+// out of range): refused before any call instead.
+Status CheckOptions(const ReceiverOptions& o) {
+  const auto check = [](std::string_view what, std::chrono::milliseconds d) {
+    if (core::DurationInRange(d)) return OkStatus();
+    return InvalidArgumentError("receiver options: " + std::string(what) + " of " +
+                                std::to_string(d.count()) +
+                                "ms is out of range (above 0, at most 100 years)");
+  };
+  IDEM_RETURN_IF_ERROR(check("lease", o.lease));
+  IDEM_RETURN_IF_ERROR(check("retention", o.retention));
+  return check("failure_retention", o.failure_retention);
+}
+}  // namespace
 
 Receiver::Receiver(Store& store, ReceiverOptions options)
     : store_(store),
       options_(std::move(options)),
+      options_status_(CheckOptions(options_)),
       clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
       flights_(std::make_unique<Flights>()) {}
 
@@ -161,6 +205,7 @@ Result<std::string> Receiver::KeyOf(const Message& message) const {
 }
 
 Result<Delivered> Receiver::Receive(const Message& message, const Handler& handler) {
+  if (!options_status_.ok()) return options_status_;
   auto fp = FingerprintOf(message);
   if (!fp) return fp.error();
   auto key = KeyOf(message);
@@ -169,12 +214,13 @@ Result<Delivered> Receiver::Receive(const Message& message, const Handler& handl
   if (options_.busy_policy != BusyPolicy::kCoalesce)
     return Run(std::move(*key), *fp, message, handler);
 
-  auto& shard = flights_->ShardOf(*key);
+  const std::string name = Flights::FlightName(*key, *fp);
+  auto& shard = flights_->ShardOf(name);
   std::shared_ptr<Flights::Flight> flight;
   bool leader = false;
   {
     std::lock_guard lock(shard.mu);
-    auto [it, inserted] = shard.by_key.try_emplace(*key);
+    auto [it, inserted] = shard.by_key.try_emplace(name);
     if (inserted) it->second = std::make_shared<Flights::Flight>();
     flight = it->second;
     leader = inserted;
@@ -190,18 +236,18 @@ Result<Delivered> Receiver::Receive(const Message& message, const Handler& handl
     }
     return copy;
   }
-  Result<Delivered> result = Run(*key, *fp, message, handler);
-  {
-    std::lock_guard lock(shard.mu);
-    shard.by_key.erase(*key);
+  // However the first execution ends, a throw from the store included, its flight lands: a
+  // flight left in the air would make every later caller of the key a follower that waits out
+  // busy_wait and answers Busy, for as long as the process lives.
+  try {
+    Result<Delivered> result = Run(*key, *fp, message, handler);
+    flights_->Land(shard, name, *flight, result);
+    return result;
+  } catch (...) {
+    flights_->Land(shard, name, *flight,
+                   InternalError("the first execution of this key ended with an exception"));
+    throw;
   }
-  {
-    std::lock_guard lock(flight->mu);
-    flight->result = result;
-    flight->done = true;
-  }
-  flight->done_cv.notify_all();
-  return result;
 }
 
 void CountBegin(Metrics& m, const Result<BeginAnswer>& answer) {

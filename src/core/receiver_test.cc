@@ -187,6 +187,83 @@ TEST_F(ReceiverTest, CoalesceGivesEveryConcurrentDuplicateTheFirstOutcome) {
   EXPECT_EQ(executed, 1);
 }
 
+// A duplicate with another payload is another request: it is not handed the first one's
+// outcome but answered Conflict, as the store answers it (SPEC §2).
+TEST_F(ReceiverTest, CoalesceNeverHandsADifferentPayloadTheFirstOutcome) {
+  ReceiverOptions o = Options();
+  o.busy_policy = BusyPolicy::kCoalesce;
+  o.busy_wait = milliseconds(60'000);
+  o.fingerprint = FingerprintMode::kBytes;
+  Receiver r(*store_, o);
+  std::atomic<bool> first_running{false};
+  std::atomic<bool> second_done{false};
+  std::thread first([&] {
+    auto res = r.Receive({.key = "order-8", .payload = "amount=5"}, [&](const HandlerContext&) {
+      first_running = true;
+      while (!second_done.load()) std::this_thread::yield();
+      runs_.fetch_add(1);
+      return HandlerResult{Outcome::kSuccess, "charged 5"};
+    });
+    ASSERT_TRUE(res) << res.error().ToString();
+    EXPECT_EQ(res->delivery, Delivery::kExecuted);
+  });
+  while (!first_running.load()) std::this_thread::yield();
+  auto second = r.Receive({.key = "order-8", .payload = "amount=500"}, Counting("charged 500"));
+  second_done = true;
+  first.join();
+  ASSERT_TRUE(second) << second.error().ToString();
+  EXPECT_EQ(second->delivery, Delivery::kConflict);
+  EXPECT_EQ(second->response, "");
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+// A store that throws from its first Begin (a user's store, or bad_alloc).
+struct ThrowingOnceStore : FaultyStore {
+  using FaultyStore::FaultyStore;
+  Result<BeginAnswer> Begin(const BeginRequest& req) override {
+    if (!thrown.exchange(true)) throw std::runtime_error("store blew up");
+    return FaultyStore::Begin(req);
+  }
+  std::atomic<bool> thrown{false};
+};
+
+// The exception reaches the caller, and the key is not left to a first execution that never
+// ends (every later caller would wait it out and answer Busy).
+TEST_F(ReceiverTest, CoalesceRecoversFromAFirstExecutionThatThrew) {
+  ThrowingOnceStore throwing(*store_);
+  ReceiverOptions o = Options();
+  o.busy_policy = BusyPolicy::kCoalesce;
+  o.busy_wait = milliseconds(50);
+  Receiver r(throwing, o);
+  EXPECT_THROW((void)r.Receive({.key = "order-9"}, Counting()), std::runtime_error);
+  auto again = r.Receive({.key = "order-9"}, Counting());
+  ASSERT_TRUE(again) << again.error().ToString();
+  EXPECT_EQ(again->delivery, Delivery::kExecuted);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+// Durations the store would refuse are refused before the handler runs, not after it.
+TEST_F(ReceiverTest, OutOfRangeDurationsAreRefusedBeforeAnything) {
+  for (auto set : std::vector<void (*)(ReceiverOptions&)>{
+           [](ReceiverOptions& o) { o.lease = milliseconds(0); },
+           [](ReceiverOptions& o) { o.retention = milliseconds(-1); },
+           [](ReceiverOptions& o) { o.failure_retention = milliseconds(0); },
+           [](ReceiverOptions& o) { o.failure_retention = std::chrono::hours(24 * 366 * 101); }}) {
+    ReceiverOptions o = Options();
+    o.failure_policy = FailurePolicy::kRemember;
+    set(o);
+    Receiver r(*store_, o);
+    auto res = r.Receive({.key = "order-10"}, Counting());
+    ASSERT_FALSE(res);
+    EXPECT_EQ(res.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(res.error().message(), ::testing::HasSubstr("receiver options"));
+  }
+  EXPECT_EQ(runs_.load(), 0);
+  auto record = store_->Get("payments", "order-10");
+  ASSERT_TRUE(record);
+  EXPECT_EQ(*record, std::nullopt);
+}
+
 TEST_F(ReceiverTest, ManyThreadsManyKeysExecuteEachOnce) {
   Receiver r(*store_, Options());
   constexpr int kThreads = 8, kKeys = 500;
