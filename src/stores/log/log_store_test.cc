@@ -16,6 +16,7 @@
 
 #include "stores/log/batch.h"
 #include "stores/log/crc32c.h"
+#include "stores/log/files.h"
 #include "stores/log/log_store_internal.h"
 #include "stores/memory/engine.h"
 #include "tests/support/fake_clock.h"
@@ -607,6 +608,140 @@ TEST_F(LogStoreTest, AnExpiredImageFollowedByANewerOneKeepsTheNewer) {
   auto v = s->BeginVersioned({"t", "order", 2, kLease});
   ASSERT_TRUE(v);
   EXPECT_TRUE(std::holds_alternative<Stale>(*v)) << BeginAnswerName(*v);
+}
+
+// A store as an interrupted compaction leaves it: the snapshot was renamed into place, but the
+// segment it covers was not deleted yet. Repair must not leave that segment to be replayed in
+// front of its output (which used to make the store refuse to open: "batch seq 1 after N").
+TEST_F(LogStoreTest, RepairAfterAnInterruptedCompactionKeepsEveryRecord) {
+  const std::string first = dir_ + "/" + log::LogFileName(1, /*snapshot=*/false);
+  {
+    auto s = Open(Options());
+    for (int i = 0; i < 20; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  std::string leftover;
+  {
+    std::ifstream in(first, std::ios::binary);
+    leftover.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_FALSE(leftover.empty());
+  {
+    auto s = Open(Options());
+    ASSERT_TRUE(s->Purge());  // snapshot 1 replaces segment 1; segment 2 is the active one
+    for (int i = 20; i < 30; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  ASSERT_TRUE(fs::exists(dir_ + "/" + log::LogFileName(1, /*snapshot=*/true)));
+  ASSERT_TRUE(fs::exists(dir_ + "/" + log::LogFileName(2, /*snapshot=*/false)));
+  ASSERT_FALSE(fs::exists(first));
+  std::ofstream(first, std::ios::binary) << leftover;
+
+  auto repair = RepairLogStore(dir_);
+  ASSERT_TRUE(repair) << repair.error().ToString();
+  EXPECT_TRUE(repair->dropped.empty());
+  auto s = OpenLogStore(Options());
+  ASSERT_TRUE(s) << s.error().ToString();
+  for (int i = 0; i < 30; ++i) ExpectReplay(**s, "k" + std::to_string(i));
+}
+
+// The posix file system in a process that dies after `ops` directory changes (a file created,
+// a rename, a removal, a directory sync): that change and every later one fail.
+class CrashingFileSystem final : public log::FileSystem {
+ public:
+  explicit CrashingFileSystem(int ops) : ops_left_(ops) {}
+  bool crashed() const { return crashed_; }
+
+  Status CreateDir(const std::string& path) override {
+    IDEM_RETURN_IF_ERROR(Step("mkdir " + path));
+    return real_.CreateDir(path);
+  }
+  Result<std::unique_ptr<log::DirLock>> Lock(const std::string& path) override {
+    return real_.Lock(path);
+  }
+  Result<std::vector<std::string>> List(const std::string& dir) override { return real_.List(dir); }
+  Result<std::unique_ptr<log::ReadableFile>> Read(const std::string& path) override {
+    return real_.Read(path);
+  }
+  Result<std::unique_ptr<log::WritableFile>> Append(const std::string& path) override {
+    IDEM_RETURN_IF_ERROR(Step("open " + path));
+    return real_.Append(path);
+  }
+  Status Truncate(const std::string& path, std::uint64_t size) override {
+    IDEM_RETURN_IF_ERROR(Step("truncate " + path));
+    return real_.Truncate(path, size);
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    IDEM_RETURN_IF_ERROR(Step("rename " + from));
+    return real_.Rename(from, to);
+  }
+  Status Remove(const std::string& path) override {
+    IDEM_RETURN_IF_ERROR(Step("unlink " + path));
+    return real_.Remove(path);
+  }
+  Status SyncDir(const std::string& dir) override {
+    IDEM_RETURN_IF_ERROR(Step("fsync " + dir));
+    return real_.SyncDir(dir);
+  }
+  bool Exists(const std::string& path) override { return real_.Exists(path); }
+
+ private:
+  Status Step(const std::string& what) {
+    if (crashed_ || ops_left_-- <= 0) {
+      crashed_ = true;
+      return UnavailableError(what + ": crashed");
+    }
+    return OkStatus();
+  }
+  log::FileSystem& real_ = log::FileSystem::Posix();
+  int ops_left_;
+  bool crashed_ = false;
+};
+
+// Wherever a repair stops, the store opens with its records, or refuses to open with an error
+// that says to repair (the old, damaged files); it never opens empty. Repair used to move the
+// old files away before renaming its output into place, and open deletes a left-over .tmp.
+TEST_F(LogStoreTest, ARepairStoppedAtAnyStepNeverLeavesAnEmptyStore) {
+  {
+    auto s = Open(Options());
+    for (int i = 0; i < 20; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  // Damage in the middle: a byte of the 3rd batch (k1's begin).
+  const std::string seg = Segments().back();
+  std::string data;
+  {
+    std::ifstream in(seg, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::size_t pos = log::kFileHeaderSize;
+  for (int i = 0; i < 2; ++i) {
+    std::uint32_t bytes;
+    std::memcpy(&bytes, data.data() + pos + 20, 4);
+    pos += log::kBatchHeaderSize + bytes;
+  }
+  data[pos + log::kBatchHeaderSize + 12] ^= 0x5A;
+  bool finished = false;
+  for (int ops = 0; !finished; ++ops) {
+    SCOPED_TRACE("crash after " + std::to_string(ops) + " directory changes");
+    ASSERT_LT(ops, 50) << "the repair never finished";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(seg, std::ios::binary) << data;
+    CrashingFileSystem crashing(ops);
+    auto repair = log::RepairLogStoreWith(dir_, crashing);
+    finished = repair.has_value();
+    if (!finished) {
+      EXPECT_TRUE(crashing.crashed()) << repair.error().ToString();
+    }
+    auto s = OpenLogStore(Options());
+    if (!s) {
+      EXPECT_FALSE(finished);
+      EXPECT_EQ(s.error().code(), StatusCode::kDataLoss) << s.error().ToString();
+      EXPECT_THAT(s.error().message(), HasSubstr("idem store repair"));
+      continue;
+    }
+    for (int i = 0; i < 20; ++i) {
+      if (i != 1) ExpectReplay(**s, "k" + std::to_string(i));
+    }
+  }
 }
 
 TEST(LogStoreUrl, Parses) {

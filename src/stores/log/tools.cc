@@ -9,6 +9,7 @@
 #include "stores/log/codec.h"
 #include "stores/log/file_system.h"
 #include "stores/log/files.h"
+#include "stores/log/log_store_internal.h"
 #include "stores/log/writer.h"
 
 namespace idem {
@@ -129,22 +130,34 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
   return report;
 }
 
-Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& progress) {
-  log::FileSystem& fs = log::FileSystem::Posix();
-  std::unique_ptr<log::DirLock> lock;
-  IDEM_RETURN_IF_ERROR(log::Locked(fs, dir, &lock));
+namespace log {
+
+Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& fs,
+                                           const Progress& progress) {
+  std::unique_ptr<DirLock> lock;
+  IDEM_RETURN_IF_ERROR(Locked(fs, dir, &lock));
+  auto listed = ListLogFiles(fs, dir);
+  if (!listed) return listed.error();
   std::uint64_t total = 0, done = 0;
-  auto files = log::OpenReplayFiles(fs, dir, &total);
+  auto files = OpenReplayFiles(fs, dir, &total);
   if (!files) return files.error();
   LogRepairReport report;
   if (files->empty()) return report;
-  // Every intact entry, in order, into one new segment after the newest file.
-  const std::string name = log::LogFileName(files->back().file.id + 1, /*snapshot=*/false);
+  // Every intact entry, in order, into one new snapshot above every file there is (leftover
+  // segments of an interrupted compaction included): a snapshot covers every id up to its own,
+  // so an open replays it alone and removes whatever older files are still there.
+  std::uint64_t newest = 0;
+  for (const auto* group : {&listed->snapshots, &listed->segments}) {
+    for (const LogFile& f : *group) newest = std::max(newest, f.id);
+  }
+  const std::string name = LogFileName(newest + 1, /*snapshot=*/true);
   const std::string tmp = dir + "/" + name + ".tmp";
+  // One left by a repair that stopped: Append would add to it.
+  if (fs.Exists(tmp)) IDEM_RETURN_IF_ERROR(fs.Remove(tmp));
   auto out = fs.Append(tmp);
   if (!out) return out.error();
-  IDEM_RETURN_IF_ERROR((*out)->Append(log::FileHeader()));
-  log::BatchBuilder batch;
+  IDEM_RETURN_IF_ERROR((*out)->Append(FileHeader()));
+  BatchBuilder batch;
   std::uint64_t seq = 0;
   Status write_error;
   auto flush = [&] {
@@ -155,20 +168,19 @@ Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& p
   for (const auto& opened : *files) {
     const std::string path = dir + "/" + opened.file.name;
     std::string_view bytes = opened.data->Data();
-    if (!log::CheckFileHeader(bytes, path).ok()) {
+    if (!CheckFileHeader(bytes, path).ok()) {
       report.bytes_dropped += bytes.size();
       report.dropped.push_back(path + " bytes [0, " + std::to_string(bytes.size()) +
                                ") (bad header)");
       continue;
     }
-    log::Entry e;
-    auto salvage = log::SalvageLog(bytes, [&](const log::Frame& fr) {
-      if (!log::DecodeEntry(fr.type, fr.payload, &e).ok()) {
-        report.bytes_dropped += fr.payload.size() + log::kFrameHeaderSize;
-        report.dropped.push_back(
-            path + " bytes [" + std::to_string(fr.offset) + ", " +
-            std::to_string(fr.offset + log::kFrameHeaderSize + fr.payload.size()) +
-            ") (undecodable entry)");
+    Entry e;
+    auto salvage = SalvageLog(bytes, [&](const Frame& fr) {
+      if (!DecodeEntry(fr.type, fr.payload, &e).ok()) {
+        report.bytes_dropped += fr.payload.size() + kFrameHeaderSize;
+        report.dropped.push_back(path + " bytes [" + std::to_string(fr.offset) + ", " +
+                                 std::to_string(fr.offset + kFrameHeaderSize + fr.payload.size()) +
+                                 ") (undecodable entry)");
         return OkStatus();
       }
       batch.Add(fr.type, fr.payload);
@@ -190,17 +202,30 @@ Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& p
   IDEM_RETURN_IF_ERROR(write_error);
   IDEM_RETURN_IF_ERROR((*out)->Sync());
   out->reset();
-  // The old files go to a backup folder: nothing is deleted by a repair.
-  const std::string backup = dir + "/repair-backup-" + std::to_string(std::time(nullptr));
-  IDEM_RETURN_IF_ERROR(fs.CreateDir(backup));
-  for (auto& opened : *files) {
-    opened.data.reset();
-    const std::string& f = opened.file.name;
-    IDEM_RETURN_IF_ERROR(fs.Rename(dir + "/" + f, backup + "/" + f));
-  }
+  files->clear();
+  // Invariant: at every point a crash can stop this, an open finds a whole store: the old
+  // files (until the snapshot's rename is durable; the .tmp is removed by that open), or the
+  // repaired snapshot, which supersedes every old file still beside it. So the snapshot is
+  // made durable under its name before any old file moves, never the other way round.
   IDEM_RETURN_IF_ERROR(fs.Rename(tmp, dir + "/" + name));
   IDEM_RETURN_IF_ERROR(fs.SyncDir(dir));
+  // The old files go to a backup folder: nothing is deleted by a repair (if this stops
+  // halfway, the next open removes those left behind, as it does a compaction's leftovers).
+  const std::string backup = dir + "/repair-backup-" + std::to_string(std::time(nullptr));
+  IDEM_RETURN_IF_ERROR(fs.CreateDir(backup));
+  for (const auto* group : {&listed->snapshots, &listed->segments}) {
+    for (const LogFile& f : *group) {
+      IDEM_RETURN_IF_ERROR(fs.Rename(dir + "/" + f.name, backup + "/" + f.name));
+    }
+  }
+  IDEM_RETURN_IF_ERROR(fs.SyncDir(dir));
   return report;
+}
+
+}  // namespace log
+
+Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& progress) {
+  return log::RepairLogStoreWith(dir, log::FileSystem::Posix(), progress);
 }
 
 }  // namespace idem
