@@ -86,9 +86,26 @@ bool BatchIntact(std::string_view f, std::size_t pos, const BatchHeader& h, std:
 
 bool AllZero(std::string_view s) { return s.find_first_not_of('\0') == std::string_view::npos; }
 
+// A disk writes a sector (512 bytes, aligned in the file) whole or not at all.
+constexpr std::size_t kSectorSize = 512;
+
+// Whether a sector overlapping [begin, end) reads as zeros (the file's last sector counts by
+// the part of it in the file).
+bool ZeroSectorIn(std::string_view f, std::size_t begin, std::size_t end) {
+  for (std::size_t s = begin / kSectorSize * kSectorSize; s < end && s < f.size();
+       s += kSectorSize) {
+    if (AllZero(f.substr(s, kSectorSize))) return true;
+  }
+  return false;
+}
+
 // A crash tears the last batch in one of the ways a crash can: cut short (the write did not
-// finish) or zero-filled (the file grew but its blocks were never written). Anything else at
-// the tail, e.g. a complete batch whose checksum fails, is damage.
+// finish), or with sectors that never reached the disk and read as zeros (blocks the file grew
+// by, or the zeros reserved ahead of the log). The pages of one write reach the disk in any
+// order, so written sectors may follow a zeroed one, but only within the batch's declared
+// length, with nothing but zeros after it. The first bad frame must then hold a zeroed sector
+// (or zeros up to the end of the file): a complete batch whose checksum fails without one, or
+// non-zero bytes past the batch, are damage.
 bool LooksTorn(std::string_view f, std::size_t pos) {
   if (f.size() - pos < kBatchHeaderSize) return true;
   BatchHeader h;
@@ -96,14 +113,18 @@ bool LooksTorn(std::string_view f, std::size_t pos) {
   std::string why;
   std::size_t bad;
   if (BatchIntact(f, pos, h, &why, &bad)) return false;
-  if (f.size() - (pos + kBatchHeaderSize) < h.bytes) return true;
-  // The zeros may start inside the bad frame (its header was in a block that got written),
-  // but nothing after that frame may be non-zero.
-  if (f.size() - bad < kFrameHeaderSize) return AllZero(f.substr(bad));
-  std::size_t frame_end =
-      std::min<std::size_t>(f.size(), bad + kFrameHeaderSize + Get32(f.data() + bad + 4));
+  const std::size_t body = pos + kBatchHeaderSize;
+  if (f.size() - body < h.bytes) return true;
+  const std::size_t end = body + h.bytes;
+  std::size_t frame_end = end;  // of the bad frame, as far as its length can be believed
+  if (end - bad >= kFrameHeaderSize) {
+    frame_end = std::min<std::size_t>(end, bad + kFrameHeaderSize + Get32(f.data() + bad + 4));
+  }
+  // Zeros that start inside the bad frame and run to the end of the file.
   std::size_t last_nonzero = f.find_last_not_of('\0');
-  return last_nonzero == std::string_view::npos || last_nonzero + 1 < frame_end;
+  if (last_nonzero == std::string_view::npos || last_nonzero + 1 < frame_end) return true;
+  // A zeroed sector in the bad frame, written sectors after it within the batch.
+  return AllZero(f.substr(end)) && ZeroSectorIn(f, bad, frame_end);
 }
 
 std::size_t NextHeader(std::string_view f, std::size_t from, std::uint64_t after_seq,
@@ -220,6 +241,25 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const Fr
   return r;
 }
 
+// Where the frames after a damaged frame at `at` (before `end`, its batch's end) start, or
+// npos. Its checksum failed, but if its length field is plausible and the frame that length
+// points to checks out (or the batch ends there, before a batch header or the end of the file),
+// the damage is inside its payload and the later frames of the batch can be trusted.
+std::size_t PastDamagedFrame(std::string_view f, std::size_t at, std::size_t end) {
+  constexpr std::size_t kNone = std::string_view::npos;
+  if (end - at < kFrameHeaderSize) return kNone;
+  const std::uint32_t len = Get32(f.data() + at + 4);
+  if (len > kMaxFrameBytes || end - at - kFrameHeaderSize < len) return kNone;
+  const std::size_t next = at + kFrameHeaderSize + len;
+  if (next < end) {
+    Frame fr;
+    std::size_t after;
+    return ReadFrame(f, next, end, &fr, &after) ? next : kNone;
+  }
+  BatchHeader h;
+  return end == f.size() || ReadHeader(f, end, &h) ? next : kNone;
+}
+
 Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
   SalvageResult r;
   std::size_t pos = kFileHeaderSize;
@@ -247,8 +287,15 @@ Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
       Frame fr;
       std::size_t next;
       if (!ReadFrame(f, at, end, &fr, &next)) {
-        intact = false;
-        break;
+        next = PastDamagedFrame(f, at, end);
+        if (next == std::string_view::npos) {
+          intact = false;
+          break;
+        }
+        drop_from = at;
+        drop_until(next);
+        at = next;
+        continue;
       }
       IDEM_RETURN_IF_ERROR(sink(fr));
       ++r.frames_kept;

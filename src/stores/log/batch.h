@@ -10,7 +10,9 @@
 // made durable by one fdatasync, and batch seq numbers grow by one across files. Under
 // sync=always only the last batch can be torn by a crash, so a damaged batch followed by an
 // intact later batch is real damage, never a torn tail; so is a last batch that is complete
-// but fails its checksum (a crash cuts a write short or leaves zeros, it does not flip bits).
+// but fails its checksum without a zeroed sector in its bad frame, or one followed by
+// non-zero bytes (a crash cuts a write short or leaves sectors of zeros, possibly between
+// sectors that were written, it does not flip bits).
 #ifndef IDEM_STORES_LOG_BATCH_H_
 #define IDEM_STORES_LOG_BATCH_H_
 
@@ -61,8 +63,8 @@ struct Frame {
 struct ScanResult {
   enum class End : std::uint8_t {
     kClean,     // every byte belongs to an intact batch
-    kTornTail,  // the bytes after `valid_end` are a last batch cut short or zero-filled by a
-                // crash: cut them off
+    kTornTail,  // the bytes after `valid_end` are a last batch cut short, or with sectors
+                // left zero, by a crash (then zeros to the end): cut them off
     kDamaged,   // a bad batch at `damage_offset` is followed by intact data, or is a complete
                 // last batch whose checksum fails
   };
@@ -91,8 +93,9 @@ struct SalvageResult {
 };
 
 // For repair: gives `sink` every frame with a valid checksum anywhere after the header,
-// skipping damage (it resynchronises on the next batch header, and inside a damaged batch
-// keeps frames whose own checksums hold). Reports the byte ranges it dropped.
+// skipping damage. Inside a damaged batch it keeps the frames before the damage, and goes on
+// past a frame whose payload is damaged when its length leads to a frame that checks out;
+// otherwise it resynchronises on the next batch header. Reports the byte ranges it dropped.
 Result<SalvageResult> SalvageLog(std::string_view file, const FrameSink& sink);
 
 }  // namespace idem::log

@@ -144,29 +144,61 @@ TEST(Batch, ACompleteLastBatchWithABadChecksumIsDamageNotATornTail) {
 
 TEST(Batch, SalvageKeepsEveryIntactFrame) {
   std::vector<std::uint64_t> offsets;
-  std::string file = MakeFile(6, &offsets);
-  std::string damaged = file;
-  // Break the 3rd frame of batch 4 (5 frames): frames 0,1 of it survive, 2..4 are dropped.
+  const std::string file = MakeFile(6, &offsets);
+  // The 3rd frame of batch 4 (5 frames), and where it ends.
   std::size_t frame_at = offsets[4] + kBatchHeaderSize;
-  for (int j = 0; j < 2; ++j) {
-    std::uint32_t len;
-    std::memcpy(&len, damaged.data() + frame_at + 4, 4);
-    frame_at += kFrameHeaderSize + len;
+  std::uint32_t len = 0;
+  for (int j = 0; j < 3; ++j) {
+    if (j > 0) frame_at += kFrameHeaderSize + len;
+    std::memcpy(&len, file.data() + frame_at + 4, 4);
   }
+  const std::size_t frame_end = frame_at + kFrameHeaderSize + len;
+  auto salvage = [](std::string_view damaged, std::vector<std::string>* kept) {
+    return SalvageLog(damaged, [kept](const Frame& f) {
+      kept->emplace_back(f.payload.substr(0, 4));
+      return OkStatus();
+    });
+  };
+  // Its payload damaged, its length intact: only it is dropped; the later frames of the
+  // batch check out and are kept.
+  std::string damaged = file;
   damaged[frame_at + kFrameHeaderSize + 1] ^= 0x40;
   std::vector<std::string> kept;
-  auto r = SalvageLog(damaged, [&](const Frame& f) {
-    kept.emplace_back(f.payload.substr(0, 4));
-    return OkStatus();
-  });
+  auto r = salvage(damaged, &kept);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->frames_kept, 21u - 1u);
+  EXPECT_EQ(r->bytes_dropped, frame_end - frame_at);
+  ASSERT_EQ(r->dropped.size(), 1u);
+  EXPECT_EQ(r->dropped[0].first, frame_at);
+  EXPECT_EQ(r->dropped[0].second, frame_end);
+  EXPECT_THAT(kept, ::testing::Contains("b4f1"));
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f2")));
+  EXPECT_THAT(kept, ::testing::Contains("b4f3"));
+  EXPECT_THAT(kept, ::testing::Contains("b4f4"));
+  EXPECT_THAT(kept, ::testing::Contains("b5f5"));
+  // The last frame of a batch, its payload damaged: the next batch follows where its length
+  // says.
+  damaged = file;
+  damaged[offsets[5] - 2] ^= 0x40;
+  kept.clear();
+  r = salvage(damaged, &kept);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->frames_kept, 21u - 1u);
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f4")));
+  EXPECT_THAT(kept, ::testing::Contains("b5f0"));
+  // Its length damaged: nothing in the batch after it can be found by length, so the rest of
+  // the batch is dropped up to the next batch header.
+  damaged = file;
+  damaged[frame_at + 4] ^= 0x40;
+  kept.clear();
+  r = salvage(damaged, &kept);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->frames_kept, 21u - 3u);
-  EXPECT_GT(r->bytes_dropped, 0u);
   ASSERT_EQ(r->dropped.size(), 1u);
   EXPECT_EQ(r->dropped[0].first, frame_at);
   EXPECT_EQ(r->dropped[0].second, offsets[5]);
   EXPECT_THAT(kept, ::testing::Contains("b4f1"));
-  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f2")));
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f3")));
   EXPECT_THAT(kept, ::testing::Contains("b5f5"));
 }
 
@@ -183,6 +215,67 @@ TEST(Batch, SeqGapIsDamage) {
   EXPECT_EQ(r.batches, 2u);
   EXPECT_EQ(r.end, ScanResult::End::kDamaged);
   EXPECT_THAT(r.detail, HasSubstr("seq 4 after 2"));
+}
+
+// MakeFile(3), then batch 4 of ten 1500-byte frames (four pages) at `*last`, ending at `*end`.
+std::string FileWithABigLastBatch(std::size_t* last, std::size_t* end) {
+  std::string file = MakeFile(3);
+  BatchBuilder b;
+  for (int j = 0; j < 10; ++j) b.Add(1, std::string(1500, static_cast<char>('a' + j)));
+  *last = file.size();
+  file.append(b.Finish(4));
+  *end = file.size();
+  return file;
+}
+
+TEST(Batch, APageLostInsideTheLastBatchBeforeReservedZerosIsATornTail) {
+  std::size_t last = 0, end = 0;
+  std::string file = FileWithABigLastBatch(&last, &end);
+  file.append(64 << 10, '\0');  // reserved ahead of the log
+  // The pages of one write reach the disk in any order: the second one did not.
+  const std::size_t page = (last + 4096) / 4096 * 4096;
+  ASSERT_LT(page + 4096, end);
+  std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(page), 4096, '\0');
+  ScanResult r;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+  EXPECT_EQ(r.valid_end, last);
+  EXPECT_EQ(r.batches, 3u);
+  // One lost sector (512 bytes) is enough, and so is a last batch without zeros after it.
+  file = FileWithABigLastBatch(&last, &end);
+  std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(page + 1024), 512, '\0');
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+  EXPECT_EQ(r.valid_end, last);
+}
+
+TEST(Batch, ALostPageIsDamageWhenDataFollowsTheBatch) {
+  std::size_t last = 0, end = 0;
+  const std::string whole = FileWithABigLastBatch(&last, &end);
+  const std::size_t page = (last + 4096) / 4096 * 4096;
+  // An intact batch after it.
+  std::string file = whole;
+  BatchBuilder b;
+  b.Add(1, "later");
+  file.append(b.Finish(5));
+  std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(page), 4096, '\0');
+  ScanResult r;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged);
+  EXPECT_EQ(r.damage_offset, last);
+  EXPECT_EQ(r.resume_offset, end);
+  // Non-zero bytes past the batch's declared length, where only reserved zeros can be.
+  file = whole + std::string(4096, '\0');
+  file[end + 100] = 'x';
+  std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(page), 4096, '\0');
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged);
+  // A flipped bit, not a lost sector, inside the last batch, before reserved zeros.
+  file = whole + std::string(4096, '\0');
+  file[page + 100] ^= 0x04;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged);
+  EXPECT_EQ(r.damage_offset, last);
 }
 
 }  // namespace
