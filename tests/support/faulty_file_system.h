@@ -1,6 +1,10 @@
 // FaultyFileSystem: the log store's file layer over the real disk, with injected faults:
 // a full disk after a byte budget, I/O errors on write or sync, and a simulated power failure
 // that drops every byte not yet fdatasync'ed.
+//
+// It models the page cache as Linux keeps it: a failed sync leaves the bytes it did not write
+// readable (the kernel marks those pages clean and keeps them) until the power fails, when
+// they read as zeros, unless they were written again and synced meanwhile.
 #ifndef IDEM_TESTS_SUPPORT_FAULTY_FILE_SYSTEM_H_
 #define IDEM_TESTS_SUPPORT_FAULTY_FILE_SYSTEM_H_
 
@@ -9,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "stores/log/file_system.h"
 
@@ -24,9 +30,12 @@ class FaultyFileSystem final : public log::FileSystem {
   }
   // Syncs fail with EIO (kDataLoss).
   void FailSyncs(bool on) { fail_syncs_.store(on); }
-  // Power failure: every file is cut back to what was last synced, and every later write or
-  // sync through this file system fails.
-  void PowerFail();
+  // Power failure: every file gets back the size it had at its last sync, every byte written
+  // but not synced since, or whose sync failed, reads as zeros, and every later write or sync
+  // through this file system fails. `written_back` (0..1) of each file's growth since its last
+  // sync reached the disk anyway (the kernel had written it back): the file then ends there,
+  // usually in the middle of a batch.
+  void PowerFail(double written_back = 0);
   std::uint64_t syncs() const { return syncs_.load(); }
   // Renames done so far (the log store renames each snapshot it writes into place).
   std::uint64_t renames() const { return renames_.load(); }
@@ -40,11 +49,9 @@ class FaultyFileSystem final : public log::FileSystem {
     return real_.Read(path);
   }
   Result<std::unique_ptr<log::WritableFile>> Append(const std::string& path) override;
-  Status Truncate(const std::string& path, std::uint64_t size) override {
-    return real_.Truncate(path, size);
-  }
+  Status Truncate(const std::string& path, std::uint64_t size) override;
   Status Rename(const std::string& from, const std::string& to) override;
-  Status Remove(const std::string& path) override { return real_.Remove(path); }
+  Status Remove(const std::string& path) override;
   Status SyncDir(const std::string& dir) override { return real_.SyncDir(dir); }
   bool Exists(const std::string& path) override { return real_.Exists(path); }
 
@@ -56,8 +63,14 @@ class FaultyFileSystem final : public log::FileSystem {
   std::atomic<bool> dead_{false};
   std::atomic<std::uint64_t> syncs_{0};
   std::atomic<std::uint64_t> renames_{0};
+  using Ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>;  // [begin, end)
+  struct FileState {
+    std::uint64_t durable_size = 0;  // the file's size (reserved zeros too) at its last sync
+    Ranges dirty;                    // written since the last sync
+    Ranges lost;                     // written, then a sync failed: gone in a power failure
+  };
   std::mutex mu_;
-  std::map<std::string, std::uint64_t> synced_;  // path -> bytes known durable
+  std::map<std::string, FileState> files_;  // guarded by mu_
 };
 
 }  // namespace idem::testing

@@ -76,6 +76,11 @@ class PosixWritable final : public WritableFile {
     allocated_ = size_;
     return Sync();
   }
+  Status Truncate(std::uint64_t size) override {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return Errno("truncate", path_, errno);
+    size_ = allocated_ = size;
+    return OkStatus();
+  }
 
  private:
   Status WriteAt(std::string_view data, std::uint64_t offset) {

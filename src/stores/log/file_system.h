@@ -34,6 +34,10 @@ class WritableFile {
   }
   // Cuts reserved zeros off (the file ends at Size() again) and syncs that.
   virtual Status Trim() { return OkStatus(); }
+  // Cuts the file to `size` (<= Size()), reserved zeros included, without syncing; later
+  // Appends go at `size`. The cut bytes leave the page cache too, so no later reader sees them
+  // (the writer's way to drop what a failed write or sync left there; see LogWriter::CutBack).
+  virtual Status Truncate(std::uint64_t size) = 0;
 };
 
 // A whole file, read-only (mmap'd for the posix file system).

@@ -99,14 +99,52 @@ Status LogWriter::OpenSegment(std::uint64_t id) {
   std::string path = dir_ + "/" + LogFileName(id, /*snapshot=*/false);
   auto file = fs_.Append(path);
   if (!file) return file.error();
-  if ((*file)->Size() == 0) {
-    IDEM_RETURN_IF_ERROR((*file)->Append(FileHeader()));
-    IDEM_RETURN_IF_ERROR((*file)->Sync());
+  const bool created = (*file)->Size() == 0;
+  Status s;
+  if (created) s = (*file)->Append(FileHeader());
+  // Also when it existed: what recovery kept of it is then known to be on disk (synced_size_),
+  // even if a process crash left some of it in the page cache only.
+  if (s.ok()) s = (*file)->Sync();
+  if (s.ok() && options_.sync != SyncMode::kNone) s = (*file)->Reserve(kReserveAhead);
+  if (!s.ok()) {
+    // A new segment holds nothing yet; left behind, a header that never reached the disk would
+    // look like damage after a power failure. Best effort: the store fails closed anyway.
+    if (created) {
+      file->reset();
+      if (fs_.Remove(path).ok()) (void)fs_.SyncDir(dir_);
+    }
+    return s;
   }
-  if (options_.sync != SyncMode::kNone) IDEM_RETURN_IF_ERROR((*file)->Reserve(kReserveAhead));
+  synced_size_ = (*file)->Size();
   file_ = std::move(*file);
   segment_id_.store(id, std::memory_order_relaxed);
   return OkStatus();
+}
+
+Status LogWriter::SyncFile() {
+  IDEM_RETURN_IF_ERROR(file_->Sync());
+  synced_size_ = file_->Size();
+  return OkStatus();
+}
+
+// Why cut: after a failed fdatasync Linux marks the pages it could not write clean but keeps
+// them in the page cache. A reopen in this boot would read the failed batch from there, find it
+// intact and replay it (a Complete whose caller was told kDataLoss would then be answered as a
+// Replay), and append after it; once those pages are evicted, or after a reboot, they read as
+// zeros (or as whatever reached the disk) in front of the batches appended later, and the open
+// refuses the log as damaged. ftruncate drops the cut bytes from the cache at once, so a reopen
+// finds the log ending at `keep` and appends there, overwriting the region. If the cut itself
+// does not reach the disk before a power failure, the file keeps its old size and the region
+// holds reserved zeros or part of the failed batch with nothing intact after it: a torn tail,
+// which the next open cuts off. (Rotating instead would leave the bytes readable in the old
+// segment, which is then not the last one, so they would be replayed or refused.)
+void LogWriter::CutBack(std::uint64_t keep) {
+  if (keep > file_->Size()) return;
+  if (file_->Truncate(keep).ok()) {
+    // Best effort: after a failed fdatasync the next one normally succeeds (the error is
+    // reported once), and makes the cut durable.
+    (void)file_->Sync();
+  }
 }
 
 void LogWriter::Fail(const Status& s) {
@@ -310,22 +348,23 @@ void LogWriter::FlusherLoop() {
       const auto started = std::chrono::steady_clock::now();
       const std::uint32_t count = flushing_.count();
       std::string_view data = flushing_.Finish(seq);
+      const std::uint64_t start = file_->Size();
       s = file_->Append(data);
-      if (s.ok() && options_.sync == SyncMode::kAlways) {
-        s = file_->Sync();
+      if (!s.ok()) {
+        // What was written before this batch stays (under sync=interval and none it may have
+        // been answered already); the batch's own bytes go.
+        CutBack(start);
+      } else if (options_.sync == SyncMode::kAlways) {
+        s = SyncFile();
         syncs_.fetch_add(1, std::memory_order_relaxed);
+        if (!s.ok()) CutBack(synced_size_);
       } else {
         dirty_ = true;
       }
       bytes_written_.fetch_add(data.size(), std::memory_order_relaxed);
       batches_.fetch_add(1, std::memory_order_relaxed);
       flushing_.Clear();
-      if (s.ok() && file_->Size() >= options_.segment_bytes) {
-        s = file_->Trim();
-        if (s.ok() && options_.sync != SyncMode::kNone) s = file_->Sync();
-        if (s.ok()) s = OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
-        dirty_ = false;
-      }
+      if (s.ok() && file_->Size() >= options_.segment_bytes) s = CloseSegment();
 
       flush_time_ = Average(flush_time_, std::chrono::steady_clock::now() - started);
 
@@ -343,6 +382,11 @@ void LogWriter::FlusherLoop() {
       CallDue(due);
       // While the callers just woken come back with their next entries.
       if (options_.sync != SyncMode::kNone) s = file_->Reserve(kReserveAhead);
+      // Reserve writes zeros, then syncs: out of space, the batches are intact; after an I/O
+      // error only what a good sync covered is known to be on disk.
+      if (!s.ok()) {
+        CutBack(s.code() == StatusCode::kResourceExhausted ? file_->Size() : synced_size_);
+      }
       lock.lock();
       if (!s.ok()) {
         Fail(s);
@@ -351,8 +395,11 @@ void LogWriter::FlusherLoop() {
     }
     if (options_.sync == SyncMode::kInterval && dirty_ && SteadyClock::now() >= next_sync) {
       lock.unlock();
-      s = file_->Sync();
+      s = SyncFile();
       syncs_.fetch_add(1, std::memory_order_relaxed);
+      // The batches written since the last good sync were answered already (sync=interval
+      // loses them in a power failure too); they may not be on disk, so they go.
+      if (!s.ok()) CutBack(synced_size_);
       dirty_ = false;
       next_sync = SteadyClock::now() + options_.sync_interval;
       lock.lock();
@@ -363,10 +410,7 @@ void LogWriter::FlusherLoop() {
     }
     if (rotate_wanted_ && durable_.load(std::memory_order_relaxed) >= rotate_after_) {
       lock.unlock();
-      s = file_->Trim();
-      if (s.ok() && options_.sync != SyncMode::kNone) s = file_->Sync();
-      if (s.ok()) s = OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
-      dirty_ = false;
+      s = CloseSegment();
       lock.lock();
       rotate_wanted_ = false;
       ++rotations_;
@@ -379,13 +423,30 @@ void LogWriter::FlusherLoop() {
       if (failed_.ok()) {
         lock.unlock();
         // Best effort: a reopen cuts off reserved zeros left behind anyway.
-        (void)file_->Trim();
-        if (dirty_ && options_.sync != SyncMode::kNone) (void)file_->Sync();
+        Status closed = file_->Trim();
+        if (closed.ok() && dirty_ && options_.sync != SyncMode::kNone) closed = SyncFile();
+        if (!closed.ok()) CutBack(synced_size_);
         lock.lock();
       }
       return;
     }
   }
+}
+
+Status LogWriter::CloseSegment() {
+  // Synced under sync=none too (rotation is rare): a segment that is not the last one must be
+  // whole after a power failure, because recovery cuts a torn tail off the last segment only
+  // and refuses one anywhere else. Without this sync, a power failure after the next segment
+  // was created (and its directory entry synced) left this one torn, and the store would not
+  // open, where sync=none promises to lose only what the kernel had not written back.
+  Status s = file_->Trim();
+  if (s.ok()) s = SyncFile();
+  if (!s.ok()) {
+    CutBack(synced_size_);
+    return s;
+  }
+  dirty_ = false;
+  return OpenSegment(segment_id_.load(std::memory_order_relaxed) + 1);
 }
 
 Result<std::uint64_t> LogWriter::Rotate() {

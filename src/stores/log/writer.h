@@ -18,7 +18,10 @@
 //
 // A write or sync error is sticky: every later Wait fails (kUnavailable for a full disk,
 // kDataLoss for an I/O error) until the store is reopened, because what is on disk after a
-// failed write or fsync is unknown, and the in-memory state may be ahead of it.
+// failed write or fsync is unknown, and the in-memory state may be ahead of it. The active
+// segment is then cut back to what is known to be on disk (everything before the failed write;
+// after a failed sync, what the last good sync covered), so a reopen never replays a change
+// whose callers were told it failed.
 #ifndef IDEM_STORES_LOG_WRITER_H_
 #define IDEM_STORES_LOG_WRITER_H_
 
@@ -91,7 +94,15 @@ class LogWriter {
 
  private:
   LogWriter(FileSystem& fs, std::string dir, WriterOptions options);
+  // Opens (creating it when missing) and syncs segment `id`, then makes it the active one.
   Status OpenSegment(std::uint64_t id);
+  // Syncs the active segment; what was appended is then known to be on disk (synced_size_).
+  Status SyncFile();
+  // Trims and syncs the active segment, then opens the next one (flusher, mu_ not held).
+  Status CloseSegment();
+  // After a failed write or sync: cuts the active segment back to `keep` bytes (flusher, mu_
+  // not held). See the comment in writer.cc.
+  void CutBack(std::uint64_t keep);
   void FlusherLoop();
   void Fail(const Status& s);  // mu_ held
   struct Callback {
@@ -158,6 +169,8 @@ class LogWriter {
   std::atomic<std::uint64_t> segment_id_{0};
   BatchBuilder flushing_;
   bool dirty_ = false;  // written since the last sync
+  // Bytes of file_ known to be on disk: its size at its last successful sync.
+  std::uint64_t synced_size_ = 0;
 
   std::atomic<std::uint64_t> bytes_written_{0};
   std::atomic<std::uint64_t> syncs_{0};
