@@ -154,9 +154,10 @@ TEST(ConsumeConfigTest, ErrorsNameTheFileLineAndOption) {
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "key = \"body\"\n"),
             "c.toml:10: consumer.key: \"body\" is not a key source (write \"header:NAME\", "
             "\"json:/pointer\" or \"fingerprint\")");
-  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "lease = \"5s\"\n"),
-            "c.toml:2: consumer.lease: 5s must be longer than handler_timeout (10s): a lease that "
-            "ends while the handler runs lets another worker run it again");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "lease = \"20s\"\n"),
+            "c.toml:2: consumer.lease: 20s must be more than twice handler_timeout (10s): a "
+            "handler may start with half the lease left, and a lease that ends while it runs lets "
+            "another worker run it again");
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "permanent_statuses = [\"2xx\"]\n"),
             "c.toml:10: consumer.permanent_statuses: a 1xx or 2xx status cannot be a failure");
   EXPECT_EQ(ErrorOf("batch = 5\n" + std::string(kMinimal)),

@@ -4,6 +4,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxResponseBody = 1 << 20;
 constexpr std::size_t kMaxErrorText = 512;
@@ -61,11 +63,11 @@ struct HttpHandler::Impl {
     io.run();
   }
 
-  boost::system::error_code Connect() {
+  boost::system::error_code Connect(SteadyClock::time_point deadline) {
     stream.emplace(io);
     buffer.clear();
     boost::system::error_code ec;
-    stream->expires_after(config.handler_timeout);
+    stream->expires_at(deadline);
     stream->async_connect(endpoint, [&](boost::system::error_code e) { ec = e; });
     RunIo();
     if (!ec) stream->socket().set_option(tcp::no_delay(true), ec);
@@ -74,9 +76,9 @@ struct HttpHandler::Impl {
   }
 
   // One exchange on the current connection.
-  Exchanged Exchange(http::request<http::string_body>& req) {
+  Exchanged Exchange(http::request<http::string_body>& req, SteadyClock::time_point deadline) {
     Exchanged out;
-    stream->expires_after(config.handler_timeout);
+    stream->expires_at(deadline);
     http::async_write(*stream, req, [&](boost::system::error_code e, std::size_t) { out.ec = e; });
     RunIo();
     if (out.ec) return out;
@@ -127,16 +129,19 @@ struct HttpHandler::Impl {
     req.prepare_payload();
 
     Exchanged x;
+    // One deadline for the whole call, a reconnect included: the lease check (more than twice
+    // handler_timeout) assumes a handler call never takes longer than handler_timeout.
+    const auto deadline = SteadyClock::now() + config.handler_timeout;
     // A kept-alive connection the server closed meanwhile fails at once: reconnect and send
     // once more (the key goes with it, so a handler that did see the first is not fooled) --
     // but only when no answer came: a request the handler answered is never sent again.
     for (int tries = 0; tries < 2; ++tries) {
       const bool reused = stream.has_value();
       if (!stream) {
-        x.ec = Connect();
+        x.ec = Connect(deadline);
         if (x.ec) break;
       }
-      x = Exchange(req);
+      x = Exchange(req, deadline);
       if (x.answered) break;
       stream.reset();
       if (!reused || x.ec == beast::error::timeout) break;

@@ -135,10 +135,11 @@ std::string Chunked(int status, const std::string& body) {
   return out + "0\r\n\r\n";
 }
 
-std::unique_ptr<HttpHandler> Open(const HandlerServer& server) {
+std::unique_ptr<HttpHandler> Open(const HandlerServer& server,
+                                  std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
   ConsumerConfig config;
   config.handler = server.url();
-  config.handler_timeout = std::chrono::milliseconds(5'000);
+  config.handler_timeout = timeout;
   auto handler = HttpHandler::Open(config);
   EXPECT_TRUE(handler.has_value()) << handler.error().ToString();
   return handler ? std::move(*handler) : nullptr;
@@ -214,6 +215,24 @@ TEST(HttpHandlerTest, AReusedConnectionClosedBeforeAnyAnswerIsSentAgainOnce) {
   EXPECT_EQ(again.detail, "200 again");
   EXPECT_EQ(server.posts(), 3);
   EXPECT_EQ(server.connections(), 2);
+}
+
+// handler_timeout bounds the whole call, the reconnect after a reused connection was closed
+// included: the lease check (more than twice handler_timeout) counts on it.
+TEST(HttpHandlerTest, OneTimeoutBoundsTheWholeCallAReconnectIncluded) {
+  HandlerServer server([](int n) {
+    if (n == 0) return Response(200, "ok");
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    return n == 1 ? std::string() : Response(200, "late");
+  });
+  auto handler = Open(server, std::chrono::milliseconds(1'000));
+  ASSERT_NE(handler, nullptr);
+  EXPECT_EQ(Post(*handler, "a").verdict, Verdict::kSuccess);
+  const auto started = std::chrono::steady_clock::now();
+  HandlerVerdict late = Post(*handler, "b");
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(late.verdict, Verdict::kRetryable) << late.detail;
+  EXPECT_LT(took, std::chrono::milliseconds(1'300));
 }
 
 }  // namespace

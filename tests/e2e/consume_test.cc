@@ -299,7 +299,7 @@ class ConsumeE2eTest : public ::testing::TestWithParam<std::string> {
                            << "[[consumer]]\nname = \"payments\"\n"
                            << driver_->ConsumerToml()
                            << "handler = \"http://127.0.0.1:" << gateway_port_
-                           << "/charges\"\nhandler_timeout = \"1s\"\n"
+                           << "/charges\"\nhandler_timeout = \"900ms\"\n"
                            << "lease = \"2s\"\nbatch = " << kBatch
                            << "\nmax_attempts = 3\nbackoff = \"20ms\"\nmax_backoff = \"100ms\"\n";
   }
