@@ -158,6 +158,9 @@ struct ConsumerOptions {
   std::size_t max_key_bytes = kDefaultMaxKeyBytes;
   std::size_t batch_size = 256;
   std::chrono::milliseconds poll_wait{100};
+  // The batch's leases are extended before a handler runs once half of the lease is gone, so
+  // a handler may start with half the lease left: one handler call must end within lease / 2,
+  // or another worker may take its key over and run it too.
   std::chrono::milliseconds lease{30'000};
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::chrono::milliseconds failure_retention{24 * 3600 * 1000};  // dead-lettered keys
