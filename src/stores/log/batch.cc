@@ -241,6 +241,25 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const Fr
   return r;
 }
 
+// Where the frames after a damaged frame at `at` (before `end`, its batch's end) start, or
+// npos. Its checksum failed, but if its length field is plausible and the frame that length
+// points to checks out (or the batch ends there, before a batch header or the end of the file),
+// the damage is inside its payload and the later frames of the batch can be trusted.
+std::size_t PastDamagedFrame(std::string_view f, std::size_t at, std::size_t end) {
+  constexpr std::size_t kNone = std::string_view::npos;
+  if (end - at < kFrameHeaderSize) return kNone;
+  const std::uint32_t len = Get32(f.data() + at + 4);
+  if (len > kMaxFrameBytes || end - at - kFrameHeaderSize < len) return kNone;
+  const std::size_t next = at + kFrameHeaderSize + len;
+  if (next < end) {
+    Frame fr;
+    std::size_t after;
+    return ReadFrame(f, next, end, &fr, &after) ? next : kNone;
+  }
+  BatchHeader h;
+  return end == f.size() || ReadHeader(f, end, &h) ? next : kNone;
+}
+
 Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
   SalvageResult r;
   std::size_t pos = kFileHeaderSize;
@@ -268,8 +287,15 @@ Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
       Frame fr;
       std::size_t next;
       if (!ReadFrame(f, at, end, &fr, &next)) {
-        intact = false;
-        break;
+        next = PastDamagedFrame(f, at, end);
+        if (next == std::string_view::npos) {
+          intact = false;
+          break;
+        }
+        drop_from = at;
+        drop_until(next);
+        at = next;
+        continue;
       }
       IDEM_RETURN_IF_ERROR(sink(fr));
       ++r.frames_kept;

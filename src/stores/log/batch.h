@@ -93,8 +93,9 @@ struct SalvageResult {
 };
 
 // For repair: gives `sink` every frame with a valid checksum anywhere after the header,
-// skipping damage (it resynchronises on the next batch header, and inside a damaged batch
-// keeps frames whose own checksums hold). Reports the byte ranges it dropped.
+// skipping damage. Inside a damaged batch it keeps the frames before the damage, and goes on
+// past a frame whose payload is damaged when its length leads to a frame that checks out;
+// otherwise it resynchronises on the next batch header. Reports the byte ranges it dropped.
 Result<SalvageResult> SalvageLog(std::string_view file, const FrameSink& sink);
 
 }  // namespace idem::log

@@ -144,29 +144,61 @@ TEST(Batch, ACompleteLastBatchWithABadChecksumIsDamageNotATornTail) {
 
 TEST(Batch, SalvageKeepsEveryIntactFrame) {
   std::vector<std::uint64_t> offsets;
-  std::string file = MakeFile(6, &offsets);
-  std::string damaged = file;
-  // Break the 3rd frame of batch 4 (5 frames): frames 0,1 of it survive, 2..4 are dropped.
+  const std::string file = MakeFile(6, &offsets);
+  // The 3rd frame of batch 4 (5 frames), and where it ends.
   std::size_t frame_at = offsets[4] + kBatchHeaderSize;
-  for (int j = 0; j < 2; ++j) {
-    std::uint32_t len;
-    std::memcpy(&len, damaged.data() + frame_at + 4, 4);
-    frame_at += kFrameHeaderSize + len;
+  std::uint32_t len = 0;
+  for (int j = 0; j < 3; ++j) {
+    if (j > 0) frame_at += kFrameHeaderSize + len;
+    std::memcpy(&len, file.data() + frame_at + 4, 4);
   }
+  const std::size_t frame_end = frame_at + kFrameHeaderSize + len;
+  auto salvage = [](std::string_view damaged, std::vector<std::string>* kept) {
+    return SalvageLog(damaged, [kept](const Frame& f) {
+      kept->emplace_back(f.payload.substr(0, 4));
+      return OkStatus();
+    });
+  };
+  // Its payload damaged, its length intact: only it is dropped; the later frames of the
+  // batch check out and are kept.
+  std::string damaged = file;
   damaged[frame_at + kFrameHeaderSize + 1] ^= 0x40;
   std::vector<std::string> kept;
-  auto r = SalvageLog(damaged, [&](const Frame& f) {
-    kept.emplace_back(f.payload.substr(0, 4));
-    return OkStatus();
-  });
+  auto r = salvage(damaged, &kept);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->frames_kept, 21u - 1u);
+  EXPECT_EQ(r->bytes_dropped, frame_end - frame_at);
+  ASSERT_EQ(r->dropped.size(), 1u);
+  EXPECT_EQ(r->dropped[0].first, frame_at);
+  EXPECT_EQ(r->dropped[0].second, frame_end);
+  EXPECT_THAT(kept, ::testing::Contains("b4f1"));
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f2")));
+  EXPECT_THAT(kept, ::testing::Contains("b4f3"));
+  EXPECT_THAT(kept, ::testing::Contains("b4f4"));
+  EXPECT_THAT(kept, ::testing::Contains("b5f5"));
+  // The last frame of a batch, its payload damaged: the next batch follows where its length
+  // says.
+  damaged = file;
+  damaged[offsets[5] - 2] ^= 0x40;
+  kept.clear();
+  r = salvage(damaged, &kept);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->frames_kept, 21u - 1u);
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f4")));
+  EXPECT_THAT(kept, ::testing::Contains("b5f0"));
+  // Its length damaged: nothing in the batch after it can be found by length, so the rest of
+  // the batch is dropped up to the next batch header.
+  damaged = file;
+  damaged[frame_at + 4] ^= 0x40;
+  kept.clear();
+  r = salvage(damaged, &kept);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->frames_kept, 21u - 3u);
-  EXPECT_GT(r->bytes_dropped, 0u);
   ASSERT_EQ(r->dropped.size(), 1u);
   EXPECT_EQ(r->dropped[0].first, frame_at);
   EXPECT_EQ(r->dropped[0].second, offsets[5]);
   EXPECT_THAT(kept, ::testing::Contains("b4f1"));
-  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f2")));
+  EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f3")));
   EXPECT_THAT(kept, ::testing::Contains("b5f5"));
 }
 
