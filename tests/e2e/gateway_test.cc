@@ -120,7 +120,7 @@ class GatewayTest : public ::testing::Test {
   }
 
   // Writes a TOML config into the test's directory and returns its path.
-  std::string WriteConfig(const std::string& toml) {
+  std::string WriteConfig(std::string_view toml) {
     const auto path = dir_ / "idemd.toml";
     std::ofstream(path) << toml;
     return path.string();
@@ -164,6 +164,15 @@ class GatewayStoresTest : public GatewayTest, public ::testing::WithParamInterfa
     if (GetParam() == "log") store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
   }
 };
+
+// /charges with in_flight = "wait": a retry waits for the first request's answer.
+constexpr std::string_view kWaitingChargesRoute = R"(
+[[route]]
+prefix = "/charges"
+methods = ["POST"]
+in_flight = "wait"
+wait = "10s"
+)";
 
 INSTANTIATE_TEST_SUITE_P(Stores, GatewayStoresTest, ::testing::Values("memory", "log"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
@@ -281,13 +290,7 @@ TEST_P(GatewayStoresTest, FiftyConcurrentRequestsWithOneKeyCallTheUpstreamOnce) 
 
 // The same in wait mode: every client gets the one response.
 TEST_P(GatewayStoresTest, InWaitModeConcurrentDuplicatesAllGetTheFirstResponse) {
-  const std::string config = WriteConfig(R"(
-[[route]]
-prefix = "/charges"
-methods = ["POST"]
-in_flight = "wait"
-wait = "10s"
-)");
+  const std::string config = WriteConfig(kWaitingChargesRoute);
   ASSERT_NO_FATAL_FAILURE(StartIdemd({"--config", config}));
   std::vector<std::string> bodies(50);
   std::vector<int> statuses(50);
@@ -930,13 +933,7 @@ TEST_F(GatewayTest, AfterSigtermCancelsUpstreamCallsNoNewOneStarts) {
     SendAll(fd, Created("ok"));
     return true;
   });
-  const std::string config = WriteConfig(R"(
-[[route]]
-prefix = "/charges"
-methods = ["POST"]
-in_flight = "wait"
-wait = "10s"
-)");
+  const std::string config = WriteConfig(kWaitingChargesRoute);
   const std::vector<std::string> args = {"--config", config, "--upstream", upstream.url()};
   std::vector<std::string> flags = args;
   flags.insert(flags.end(), {"--shutdown-grace", "200ms"});
