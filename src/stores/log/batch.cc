@@ -30,11 +30,11 @@ struct BatchHeader {
 };
 
 // A batch header at `pos` whose magic and checksum hold, and whose body fits in the file.
-bool ReadHeader(std::string_view f, std::size_t pos, BatchHeader* h) {
+bool ReadHeader(std::string_view f, std::uint64_t salt, std::size_t pos, BatchHeader* h) {
   if (f.size() - pos < kBatchHeaderSize) return false;
   const char* p = f.data() + pos;
   if (Get32(p) != kBatchMagic) return false;
-  if (Get32(p + 4) != Crc32c(0, p + 8, 16)) return false;
+  if (Get32(p + 4) != Crc32c(ChecksumSeed(salt), p + 8, 16)) return false;
   h->seq = Get64(p + 8);
   h->count = Get32(p + 16);
   h->bytes = Get32(p + 20);
@@ -42,13 +42,14 @@ bool ReadHeader(std::string_view f, std::size_t pos, BatchHeader* h) {
 }
 
 // The frame at `pos` if its length fits in `end` and its checksum holds.
-bool ReadFrame(std::string_view f, std::size_t pos, std::size_t end, Frame* fr, std::size_t* next) {
+bool ReadFrame(std::string_view f, std::uint64_t salt, std::size_t pos, std::size_t end, Frame* fr,
+               std::size_t* next) {
   if (end - pos < kFrameHeaderSize) return false;
   const char* p = f.data() + pos;
   std::uint32_t crc = Get32(p);
   std::uint32_t len = Get32(p + 4);
   if (len > kMaxFrameBytes || end - pos - kFrameHeaderSize < len) return false;
-  if (Crc32c(0, p + 8, 1 + static_cast<std::size_t>(len)) != crc) return false;
+  if (Crc32c(ChecksumSeed(salt), p + 8, 1 + static_cast<std::size_t>(len)) != crc) return false;
   fr->type = static_cast<std::uint8_t>(p[8]);
   fr->payload = f.substr(pos + kFrameHeaderSize, len);
   fr->offset = pos;
@@ -58,8 +59,8 @@ bool ReadFrame(std::string_view f, std::size_t pos, std::size_t end, Frame* fr, 
 
 // Checks a whole batch at `pos` without giving its frames to anyone. On failure, `*bad` is
 // where the damage starts.
-bool BatchIntact(std::string_view f, std::size_t pos, const BatchHeader& h, std::string* why,
-                 std::size_t* bad = nullptr) {
+bool BatchIntact(std::string_view f, std::uint64_t salt, std::size_t pos, const BatchHeader& h,
+                 std::string* why, std::size_t* bad = nullptr) {
   std::size_t body = pos + kBatchHeaderSize;
   if (bad) *bad = body;
   if (f.size() - body < h.bytes) {
@@ -69,7 +70,7 @@ bool BatchIntact(std::string_view f, std::size_t pos, const BatchHeader& h, std:
   std::size_t end = body + h.bytes, at = body;
   for (std::uint32_t i = 0; i < h.count; ++i) {
     Frame fr;
-    if (!ReadFrame(f, at, end, &fr, &at)) {
+    if (!ReadFrame(f, salt, at, end, &fr, &at)) {
       *why =
           "frame " + std::to_string(i) + " at offset " + std::to_string(at) + " fails its checksum";
       if (bad) *bad = at;
@@ -106,13 +107,13 @@ bool ZeroSectorIn(std::string_view f, std::size_t begin, std::size_t end) {
 // length, with nothing but zeros after it. The first bad frame must then hold a zeroed sector
 // (or zeros up to the end of the file): a complete batch whose checksum fails without one, or
 // non-zero bytes past the batch, are damage.
-bool LooksTorn(std::string_view f, std::size_t pos) {
+bool LooksTorn(std::string_view f, std::uint64_t salt, std::size_t pos) {
   if (f.size() - pos < kBatchHeaderSize) return true;
   BatchHeader h;
-  if (!ReadHeader(f, pos, &h)) return AllZero(f.substr(pos));
+  if (!ReadHeader(f, salt, pos, &h)) return AllZero(f.substr(pos));
   std::string why;
   std::size_t bad;
-  if (BatchIntact(f, pos, h, &why, &bad)) return false;
+  if (BatchIntact(f, salt, pos, h, &why, &bad)) return false;
   const std::size_t body = pos + kBatchHeaderSize;
   if (f.size() - body < h.bytes) return true;
   const std::size_t end = body + h.bytes;
@@ -127,12 +128,14 @@ bool LooksTorn(std::string_view f, std::size_t pos) {
   return AllZero(f.substr(end)) && ZeroSectorIn(f, bad, frame_end);
 }
 
-std::size_t NextHeader(std::string_view f, std::size_t from, std::uint64_t after_seq,
-                       BatchHeader* h) {
+// The next intact batch after `from` with a seq above `after_seq`. Byte by byte: only the salt
+// keeps a batch inside a frame's payload from being taken for one.
+std::size_t NextHeader(std::string_view f, std::uint64_t salt, std::size_t from,
+                       std::uint64_t after_seq, BatchHeader* h) {
   for (std::size_t pos = from; pos + kBatchHeaderSize <= f.size(); ++pos) {
-    if (ReadHeader(f, pos, h) && h->seq > after_seq) {
+    if (ReadHeader(f, salt, pos, h) && h->seq > after_seq) {
       std::string why;
-      if (BatchIntact(f, pos, *h, &why)) return pos;
+      if (BatchIntact(f, salt, pos, *h, &why)) return pos;
     }
   }
   return std::string_view::npos;
@@ -140,24 +143,40 @@ std::size_t NextHeader(std::string_view f, std::size_t from, std::uint64_t after
 
 }  // namespace
 
-std::string FileHeader() {
+std::string FileHeader(std::uint64_t salt) {
   std::string h(kFileHeaderSize, '\0');
   std::memcpy(h.data(), kMagic, 8);
   Put32(h.data() + 8, kFormatVersion);
-  Put32(h.data() + 12, Crc32c(0, h.data(), 12));
+  Put64(h.data() + kSaltOffset, salt);
+  Put32(h.data() + 20, Crc32c(0, h.data(), 20));
   return h;
 }
 
-Status CheckFileHeader(std::string_view data, std::string_view path) {
-  if (data.size() < kFileHeaderSize || std::memcmp(data.data(), kMagic, 8) != 0 ||
-      Get32(data.data() + 12) != Crc32c(0, data.data(), 12)) {
-    return DataLossError(std::string(path) + " offset 0: not an idem log file (bad header)");
+Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view path) {
+  const std::string bad = std::string(path) + " offset 0: not an idem log file (bad header)";
+  // Version 1's header: magic, version, crc32c of those 12 bytes (16 bytes).
+  if (data.size() < 16 || std::memcmp(data.data(), kMagic, 8) != 0) return DataLossError(bad);
+  const std::uint32_t version = Get32(data.data() + 8);
+  const bool v1 = version == 1 && Get32(data.data() + 12) == Crc32c(0, data.data(), 12);
+  if (v1 || version > kFormatVersion) {
+    return FailedPreconditionError(
+        std::string(path) + ": log format version " + std::to_string(version) +
+        ", this build reads version " + std::to_string(kFormatVersion) +
+        (v1 ? " only (version 1, unreleased, had no salt: start a new store)" : ""));
   }
-  std::uint32_t version = Get32(data.data() + 8);
-  if (version != kFormatVersion) {
-    return FailedPreconditionError(std::string(path) + ": log format version " +
-                                   std::to_string(version) + ", this build reads version " +
-                                   std::to_string(kFormatVersion));
+  if (version != kFormatVersion || data.size() < kFileHeaderSize ||
+      Get32(data.data() + 20) != Crc32c(0, data.data(), 20)) {
+    return DataLossError(bad);
+  }
+  return Get64(data.data() + kSaltOffset);
+}
+
+Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64_t salt) {
+  auto got = ReadFileHeader(data, path);
+  if (!got) return got.error();
+  if (*got != salt) {
+    return DataLossError(std::string(path) + " offset " + std::to_string(kSaltOffset) +
+                         ": the file's salt is not the store's (a file of another store?)");
   }
   return OkStatus();
 }
@@ -174,7 +193,7 @@ void BatchBuilder::Add(std::uint8_t type, std::string_view payload) {
   Put32(p + 4, static_cast<std::uint32_t>(payload.size()));
   p[8] = static_cast<char>(type);
   if (!payload.empty()) std::memcpy(p + kFrameHeaderSize, payload.data(), payload.size());
-  Put32(p, Crc32c(0, p + 8, 1 + payload.size()));
+  Put32(p, Crc32c(ChecksumSeed(salt_), p + 8, 1 + payload.size()));
   ++count_;
 }
 
@@ -184,11 +203,12 @@ std::string_view BatchBuilder::Finish(std::uint64_t seq) {
   Put64(p + 8, seq);
   Put32(p + 16, count_);
   Put32(p + 20, static_cast<std::uint32_t>(buf_.size() - kBatchHeaderSize));
-  Put32(p + 4, Crc32c(0, p + 8, 16));
+  Put32(p + 4, Crc32c(ChecksumSeed(salt_), p + 8, 16));
   return buf_;
 }
 
-Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const FrameSink& sink) {
+Result<ScanResult> ScanLog(std::string_view f, std::uint64_t salt, std::uint64_t after_seq,
+                           const FrameSink& sink) {
   ScanResult r;
   r.last_seq = after_seq;
   std::size_t pos = kFileHeaderSize;
@@ -196,11 +216,11 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const Fr
   while (pos < f.size()) {
     BatchHeader h;
     std::string why;
-    bool ok = ReadHeader(f, pos, &h);
+    bool ok = ReadHeader(f, salt, pos, &h);
     if (!ok) {
       why = "bad batch header";
     } else {
-      ok = BatchIntact(f, pos, h, &why);
+      ok = BatchIntact(f, salt, pos, h, &why);
     }
     if (ok && h.seq != r.last_seq + 1 && r.batches + after_seq != 0) {
       // An intact batch out of sequence was not torn by a crash: something else wrote here.
@@ -211,10 +231,10 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const Fr
     }
     if (!ok) {
       BatchHeader later;
-      std::size_t next = NextHeader(f, pos + 1, r.last_seq, &later);
+      std::size_t next = NextHeader(f, salt, pos + 1, r.last_seq, &later);
       r.damage_offset = pos;
       r.detail = why;
-      if (next == std::string_view::npos && LooksTorn(f, pos)) {
+      if (next == std::string_view::npos && LooksTorn(f, salt, pos)) {
         r.end = ScanResult::End::kTornTail;
       } else if (next == std::string_view::npos) {
         r.end = ScanResult::End::kDamaged;
@@ -229,7 +249,7 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const Fr
     std::size_t at = pos + kBatchHeaderSize, end = at + h.bytes;
     for (std::uint32_t i = 0; i < h.count; ++i) {
       Frame fr;
-      ReadFrame(f, at, end, &fr, &at);
+      ReadFrame(f, salt, at, end, &fr, &at);
       IDEM_RETURN_IF_ERROR(sink(fr));
       ++r.frames;
     }
@@ -245,7 +265,8 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t after_seq, const Fr
 // npos. Its checksum failed, but if its length field is plausible and the frame that length
 // points to checks out (or the batch ends there, before a batch header or the end of the file),
 // the damage is inside its payload and the later frames of the batch can be trusted.
-std::size_t PastDamagedFrame(std::string_view f, std::size_t at, std::size_t end) {
+std::size_t PastDamagedFrame(std::string_view f, std::uint64_t salt, std::size_t at,
+                             std::size_t end) {
   constexpr std::size_t kNone = std::string_view::npos;
   if (end - at < kFrameHeaderSize) return kNone;
   const std::uint32_t len = Get32(f.data() + at + 4);
@@ -254,13 +275,13 @@ std::size_t PastDamagedFrame(std::string_view f, std::size_t at, std::size_t end
   if (next < end) {
     Frame fr;
     std::size_t after;
-    return ReadFrame(f, next, end, &fr, &after) ? next : kNone;
+    return ReadFrame(f, salt, next, end, &fr, &after) ? next : kNone;
   }
   BatchHeader h;
-  return end == f.size() || ReadHeader(f, end, &h) ? next : kNone;
+  return end == f.size() || ReadHeader(f, salt, end, &h) ? next : kNone;
 }
 
-Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
+Result<SalvageResult> SalvageLog(std::string_view f, std::uint64_t salt, const FrameSink& sink) {
   SalvageResult r;
   std::size_t pos = kFileHeaderSize;
   std::size_t drop_from = std::string_view::npos;
@@ -273,7 +294,7 @@ Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
   };
   while (pos < f.size()) {
     BatchHeader h;
-    if (!ReadHeader(f, pos, &h)) {
+    if (!ReadHeader(f, salt, pos, &h)) {
       if (drop_from == std::string_view::npos) drop_from = pos;
       ++pos;
       continue;
@@ -286,8 +307,8 @@ Result<SalvageResult> SalvageLog(std::string_view f, const FrameSink& sink) {
     for (std::uint32_t i = 0; i < h.count && at < end; ++i) {
       Frame fr;
       std::size_t next;
-      if (!ReadFrame(f, at, end, &fr, &next)) {
-        next = PastDamagedFrame(f, at, end);
+      if (!ReadFrame(f, salt, at, end, &fr, &next)) {
+        next = PastDamagedFrame(f, salt, at, end);
         if (next == std::string_view::npos) {
           intact = false;
           break;

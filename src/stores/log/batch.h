@@ -1,12 +1,17 @@
 // The log's framing: files of checksummed batches of checksummed frames. No I/O here.
 //
 //   file   := header batch*
-//   header := "IDEMLOG\0" u32 version u32 crc32c(first 12 bytes)                 (16 bytes)
-//   batch  := u32 kBatchMagic u32 crc32c(seq..bytes) u64 seq u32 count u32 bytes  (24 bytes)
+//   header := "IDEMLOG\0" u32 version u64 salt u32 crc32c(first 20 bytes)       (24 bytes)
+//   batch  := u32 kBatchMagic u32 crc32c'(seq..bytes) u64 seq u32 count u32 bytes (24 bytes)
 //             frame{count}                                      (`bytes` bytes of frames)
-//   frame  := u32 crc32c(type, payload) u32 payload_len u8 type payload
+//   frame  := u32 crc32c'(type, payload) u32 payload_len u8 type payload
 //
-// All integers little-endian. A batch is one group commit: it is written with one write() and
+// All integers little-endian. crc32c' is CRC-32C seeded with the store's salt (a random
+// number chosen when the store is created, the same in every file of a store, and never in
+// any answer): bytes written through the store (a response) may hold a well-formed batch, but
+// without the salt its checksums do not verify, so no scan takes it for one.
+//
+// A batch is one group commit: it is written with one write() and
 // made durable by one fdatasync, and batch seq numbers grow by one across files. Under
 // sync=always only the last batch can be torn by a crash, so a damaged batch followed by an
 // intact later batch is real damage, never a torn tail; so is a last batch that is complete
@@ -25,22 +30,34 @@
 
 namespace idem::log {
 
-inline constexpr std::uint32_t kFormatVersion = 1;
-inline constexpr std::size_t kFileHeaderSize = 16;
+// Version 1 (no salt) is refused: it was never released.
+inline constexpr std::uint32_t kFormatVersion = 2;
+inline constexpr std::size_t kFileHeaderSize = 24;
+inline constexpr std::size_t kSaltOffset = 12;  // of the salt in the file header
 inline constexpr std::uint32_t kBatchMagic = 0x1DE3B47Cu;
 inline constexpr std::size_t kBatchHeaderSize = 24;
 inline constexpr std::size_t kFrameHeaderSize = 9;
 inline constexpr std::uint32_t kMaxFrameBytes = 64u << 20;
 
-std::string FileHeader();
-// kDataLoss when the bytes are not an idem log header; kFailedPrecondition for another
-// format version. `path` names the file in the message.
-Status CheckFileHeader(std::string_view data, std::string_view path);
+// The CRC-32C seed of the batch and frame checksums of a store with `salt`. Salt 0 gives seed
+// 0: plain CRC-32C.
+inline std::uint32_t ChecksumSeed(std::uint64_t salt) {
+  return static_cast<std::uint32_t>(salt ^ (salt >> 32));
+}
 
-// Builds one batch. Reusable after Clear().
+std::string FileHeader(std::uint64_t salt);
+// The salt of the file that starts with `data`. kDataLoss when the bytes are not an idem log
+// header; kFailedPrecondition for another format version. `path` names the file in the
+// message.
+Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view path);
+// ReadFileHeader, and kDataLoss when the file's salt is not `salt` (the store's): a file of
+// another store.
+Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64_t salt);
+
+// Builds one batch for a store with `salt`. Reusable after Clear().
 class BatchBuilder {
  public:
-  BatchBuilder() { Clear(); }
+  explicit BatchBuilder(std::uint64_t salt) : salt_(salt) { Clear(); }
   void Clear();
   void Add(std::uint8_t type, std::string_view payload);
   // The whole batch with its header filled in for `seq`.
@@ -50,6 +67,7 @@ class BatchBuilder {
   std::size_t size() const { return buf_.size(); }
 
  private:
+  std::uint64_t salt_;
   std::string buf_;
   std::uint32_t count_ = 0;
 };
@@ -80,11 +98,12 @@ struct ScanResult {
 
 using FrameSink = std::function<Status(const Frame&)>;
 
-// Reads a whole file (header included) in order and gives every frame of every intact batch
-// to `sink`, stopping at the first bad batch; the result says whether what follows is a torn
-// tail or damage. A non-ok Status from `sink` stops the scan and is returned.
+// Reads a whole file (header included) of a store with `salt` in order and gives every frame of
+// every intact batch to `sink`, stopping at the first bad batch; the result says whether what
+// follows is a torn tail or damage. A non-ok Status from `sink` stops the scan and is returned.
 // Batches must have seq > `after_seq` and consecutive seqs; a gap is damage.
-Result<ScanResult> ScanLog(std::string_view file, std::uint64_t after_seq, const FrameSink& sink);
+Result<ScanResult> ScanLog(std::string_view file, std::uint64_t salt, std::uint64_t after_seq,
+                           const FrameSink& sink);
 
 struct SalvageResult {
   std::uint64_t frames_kept = 0;
@@ -92,11 +111,22 @@ struct SalvageResult {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> dropped;  // [begin, end) ranges
 };
 
-// For repair: gives `sink` every frame with a valid checksum anywhere after the header,
+// For repair: gives `sink` every frame whose checksum holds with `salt` anywhere after the header,
 // skipping damage. Inside a damaged batch it keeps the frames before the damage, and goes on
 // past a frame whose payload is damaged when its length leads to a frame that checks out;
 // otherwise it resynchronises on the next batch header. Reports the byte ranges it dropped.
-Result<SalvageResult> SalvageLog(std::string_view file, const FrameSink& sink);
+Result<SalvageResult> SalvageLog(std::string_view file, std::uint64_t salt, const FrameSink& sink);
+
+// Salt 0 (the checksums are then plain CRC-32C): for the fuzz target, whose inputs are not a
+// store's files.
+inline std::string FileHeader() { return FileHeader(0); }
+inline Result<ScanResult> ScanLog(std::string_view file, std::uint64_t after_seq,
+                                  const FrameSink& sink) {
+  return ScanLog(file, 0, after_seq, sink);
+}
+inline Result<SalvageResult> SalvageLog(std::string_view file, const FrameSink& sink) {
+  return SalvageLog(file, 0, sink);
+}
 
 }  // namespace idem::log
 

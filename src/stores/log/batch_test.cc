@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "stores/log/crc32c.h"
+#include "stores/log/files.h"
 
 namespace idem::log {
 namespace {
@@ -27,10 +28,13 @@ TEST(Crc32c, KnownVectors) {
   EXPECT_EQ(Crc32c(Crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
 }
 
+// A store's salt, as NewSalt() would choose it.
+constexpr std::uint64_t kSalt = 0x5EED5A175A17F00Dull;
+
 // A file of `batches` batches, batch i holding i+1 frames "b<i>f<j>".
 std::string MakeFile(int batches, std::vector<std::uint64_t>* batch_offsets = nullptr) {
-  std::string file = FileHeader();
-  BatchBuilder b;
+  std::string file = FileHeader(kSalt);
+  BatchBuilder b(kSalt);
   for (int i = 0; i < batches; ++i) {
     b.Clear();
     for (int j = 0; j <= i; ++j) {
@@ -44,7 +48,7 @@ std::string MakeFile(int batches, std::vector<std::uint64_t>* batch_offsets = nu
 
 std::vector<std::string> Frames(std::string_view file, ScanResult* r) {
   std::vector<std::string> out;
-  auto res = ScanLog(file, 0, [&](const Frame& f) {
+  auto res = ScanLog(file, kSalt, 0, [&](const Frame& f) {
     out.emplace_back(f.payload);
     return OkStatus();
   });
@@ -55,7 +59,7 @@ std::vector<std::string> Frames(std::string_view file, ScanResult* r) {
 
 TEST(Batch, RoundTrip) {
   std::string file = MakeFile(5);
-  ASSERT_TRUE(CheckFileHeader(file, "f").ok());
+  ASSERT_TRUE(CheckFileHeader(file, "f", kSalt).ok());
   ScanResult r;
   auto frames = Frames(file, &r);
   EXPECT_EQ(r.end, ScanResult::End::kClean);
@@ -69,16 +73,93 @@ TEST(Batch, RoundTrip) {
 }
 
 TEST(Batch, HeaderErrorsNameTheFile) {
-  Status s = CheckFileHeader("garbage-garbage-garbage", "/data/000001.log");
+  Status s = CheckFileHeader("garbage-garbage-garbage", "/data/000001.log", kSalt);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("/data/000001.log offset 0"));
-  std::string other = FileHeader();
-  other[8] = 2;  // version 2, with its checksum fixed up
-  std::uint32_t crc = Crc32c(0, other.data(), 12);
-  std::memcpy(other.data() + 12, &crc, 4);
-  s = CheckFileHeader(other, "f");
+  std::string other = FileHeader(kSalt);
+  other[8] = 3;  // version 3, with its checksum fixed up
+  std::uint32_t crc = Crc32c(0, other.data(), 20);
+  std::memcpy(other.data() + 20, &crc, 4);
+  s = CheckFileHeader(other, "f", kSalt);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("version 2"));
+  EXPECT_THAT(s.message(), HasSubstr("version 3"));
+  // A bit flipped in the salt: the header's own checksum fails.
+  other = FileHeader(kSalt);
+  other[kSaltOffset] ^= 0x01;
+  EXPECT_EQ(CheckFileHeader(other, "f", kSalt).code(), StatusCode::kDataLoss);
+}
+
+TEST(Batch, AVersion1HeaderIsRefusedByVersion) {
+  // The unreleased format 1: magic, version, crc32c of those 12 bytes.
+  std::string v1 = std::string("IDEMLOG\0", 8) + std::string(8, '\0');
+  v1[8] = 1;
+  std::uint32_t crc = Crc32c(0, v1.data(), 12);
+  std::memcpy(v1.data() + 12, &crc, 4);
+  auto s = ReadFileHeader(v1 + std::string(100, 'x'), "/data/000001.log");
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.error().message(),
+              ::testing::AllOf(HasSubstr("/data/000001.log"), HasSubstr("version 1"),
+                               HasSubstr("version 2")));
+}
+
+TEST(Batch, AFileWithAnotherSaltIsDamageNamingTheFile) {
+  const std::string file = MakeFile(2);
+  auto salt = ReadFileHeader(file, "f");
+  ASSERT_TRUE(salt);
+  EXPECT_EQ(*salt, kSalt);
+  Status s = CheckFileHeader(file, "/data/000002.log", kSalt + 1);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("/data/000002.log offset " + std::to_string(kSaltOffset)));
+  // Its batches do not verify under another salt either.
+  auto r = ScanLog(file, kSalt + 1, 0, [](const Frame&) { return OkStatus(); });
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->batches, 0u);
+  EXPECT_NE(r->end, ScanResult::End::kClean);
+}
+
+TEST(Batch, NewSaltsAreRandomAndNeverPlainCrc) {
+  std::uint64_t a = NewSalt(), b = NewSalt();
+  EXPECT_NE(a, b);
+  EXPECT_NE(ChecksumSeed(a), 0u);
+  EXPECT_NE(ChecksumSeed(b), 0u);
+}
+
+// A frame's payload (a stored response) holding a whole batch built without the store's salt,
+// as a client could send it: when a crash tears the batch around it, the scan must not take
+// it for an intact batch (that would make the torn tail look like damage), and salvage must
+// not keep its frames.
+TEST(Batch, ABatchInsideAPayloadNeverVerifies) {
+  for (std::uint64_t forger_salt : {std::uint64_t{0}, kSalt + 1}) {
+    SCOPED_TRACE(forger_salt);
+    BatchBuilder forger(forger_salt);
+    forger.Add(1, "forged-frame" + std::string(40, 'f'));
+    const std::string forged(forger.Finish(4));  // the seq the next batch would have
+    std::vector<std::uint64_t> offsets;
+    std::string file = MakeFile(3, &offsets);
+    BatchBuilder b(kSalt);
+    b.Add(1, "x" + forged + "tail of the response" + std::string(600, 'r'));
+    const std::size_t last = file.size();
+    file.append(b.Finish(4));
+    // Torn by a crash just after the embedded batch.
+    const std::size_t cut = file.find(forged) + forged.size();
+    ASSERT_LT(cut, file.size());
+    const std::string torn = file.substr(0, cut);
+    ScanResult r;
+    auto frames = Frames(torn, &r);
+    EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+    EXPECT_EQ(r.valid_end, last);
+    EXPECT_EQ(r.batches, 3u);
+    EXPECT_THAT(frames, ::testing::Not(::testing::Contains(HasSubstr("forged"))));
+    std::vector<std::string> kept;
+    auto salvaged = SalvageLog(torn, kSalt, [&](const Frame& f) {
+      kept.emplace_back(f.payload);
+      return OkStatus();
+    });
+    ASSERT_TRUE(salvaged);
+    EXPECT_EQ(salvaged->frames_kept, 6u);
+    EXPECT_THAT(kept, ::testing::Not(::testing::Contains(HasSubstr("forged"))));
+  }
 }
 
 TEST(Batch, EveryTruncationIsATornTailThatKeepsWholeBatches) {
@@ -154,7 +235,7 @@ TEST(Batch, SalvageKeepsEveryIntactFrame) {
   }
   const std::size_t frame_end = frame_at + kFrameHeaderSize + len;
   auto salvage = [](std::string_view damaged, std::vector<std::string>* kept) {
-    return SalvageLog(damaged, [kept](const Frame& f) {
+    return SalvageLog(damaged, kSalt, [kept](const Frame& f) {
       kept->emplace_back(f.payload.substr(0, 4));
       return OkStatus();
     });
@@ -203,8 +284,8 @@ TEST(Batch, SalvageKeepsEveryIntactFrame) {
 }
 
 TEST(Batch, SeqGapIsDamage) {
-  std::string file = FileHeader();
-  BatchBuilder b;
+  std::string file = FileHeader(kSalt);
+  BatchBuilder b(kSalt);
   for (std::uint64_t seq : {1, 2, 4}) {
     b.Clear();
     b.Add(1, "x");
@@ -220,7 +301,7 @@ TEST(Batch, SeqGapIsDamage) {
 // MakeFile(3), then batch 4 of ten 1500-byte frames (four pages) at `*last`, ending at `*end`.
 std::string FileWithABigLastBatch(std::size_t* last, std::size_t* end) {
   std::string file = MakeFile(3);
-  BatchBuilder b;
+  BatchBuilder b(kSalt);
   for (int j = 0; j < 10; ++j) b.Add(1, std::string(1500, static_cast<char>('a' + j)));
   *last = file.size();
   file.append(b.Finish(4));
@@ -255,7 +336,7 @@ TEST(Batch, ALostPageIsDamageWhenDataFollowsTheBatch) {
   const std::size_t page = (last + 4096) / 4096 * 4096;
   // An intact batch after it.
   std::string file = whole;
-  BatchBuilder b;
+  BatchBuilder b(kSalt);
   b.Add(1, "later");
   file.append(b.Finish(5));
   std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(page), 4096, '\0');

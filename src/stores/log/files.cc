@@ -1,8 +1,14 @@
 #include "stores/log/files.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <random>
 #include <string_view>
+
+#include "stores/log/batch.h"
 
 namespace idem::log {
 namespace {
@@ -58,6 +64,22 @@ Result<LogFiles> ListLogFiles(FileSystem& fs, const std::string& dir) {
   std::sort(files.snapshots.begin(), files.snapshots.end(), by_id);
   std::sort(files.segments.begin(), files.segments.end(), by_id);
   return files;
+}
+
+std::uint64_t NewSalt() {
+  for (;;) {
+    std::uint64_t salt = 0;
+    ssize_t n = 0;
+    do {
+      n = getrandom(&salt, sizeof salt, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(sizeof salt)) {
+      std::random_device rd;  // getrandom(2) missing (ENOSYS): the kernel's pool by another way
+      salt = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    }
+    // Seed 0 would be plain CRC-32C, as anyone computes it.
+    if (ChecksumSeed(salt) != 0) return salt;
+  }
 }
 
 }  // namespace idem::log

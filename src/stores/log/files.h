@@ -1,5 +1,6 @@
 // The names of a log store's files: DIR/<12-digit id>.log for segments, DIR/<id>.snap for
-// snapshots (a snapshot covers every segment up to its id), and *.tmp for an unfinished one.
+// snapshots (a snapshot covers every segment up to its id), and *.tmp for an unfinished one;
+// and the salt of a new store's files.
 #ifndef IDEM_STORES_LOG_FILES_H_
 #define IDEM_STORES_LOG_FILES_H_
 
@@ -31,6 +32,10 @@ struct LogFiles {
 
 // Other names in the directory (LOCK, backups) are ignored.
 Result<LogFiles> ListLogFiles(FileSystem& fs, const std::string& dir);
+
+// A random salt for a new store (see batch.h), from getrandom(2); never one whose checksums
+// would be plain CRC-32C.
+std::uint64_t NewSalt();
 
 }  // namespace idem::log
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/journal.h"
@@ -220,6 +221,9 @@ class LogStore final : public Store {
   LogJournal journal_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<LogWriter> writer_;
+  // The salt of the store's files (batch.h): read from the first file replayed, or chosen for
+  // a new store; set before the writer and the compactor start.
+  std::optional<std::uint64_t> salt_;
 
   // Compaction: a background thread woken when the log outgrows the live data.
   std::mutex compact_mu_;
@@ -264,9 +268,16 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
     IDEM_RETURN_IF_ERROR(fs_.Remove(path));
     return std::uint64_t{0};
   }
-  IDEM_RETURN_IF_ERROR(CheckFileHeader(data, path));
+  if (salt_) {
+    IDEM_RETURN_IF_ERROR(CheckFileHeader(data, path, *salt_));
+  } else {
+    // The first file replayed gives the store's salt; every later one must have it too.
+    auto salt = ReadFileHeader(data, path);
+    if (!salt) return salt.error();
+    salt_ = *salt;
+  }
   Entry e;
-  auto scan = ScanLog(data, is_snapshot ? 0 : *last_seq, [&](const Frame& f) -> Status {
+  auto scan = ScanLog(data, *salt_, is_snapshot ? 0 : *last_seq, [&](const Frame& f) -> Status {
     Status s = DecodeEntry(f.type, f.payload, &e);
     if (!s.ok()) {
       return DataLossError(path + " offset " + std::to_string(f.offset) + ": " + s.message());
@@ -357,6 +368,7 @@ Status LogStore::Open() {
 
   Recovered rec;
   IDEM_RETURN_IF_ERROR(Recover(&rec));
+  if (!salt_) salt_ = NewSalt();  // a new store (or one whose only file held nothing)
   // Replay kept whatever a later image could still have refreshed; what is expired now goes.
   auto reclaimed = engine_->Purge();
   if (!reclaimed) return reclaimed.error();
@@ -368,6 +380,7 @@ Status LogStore::Open() {
   w.sync = options_.sync;
   w.sync_interval = options_.sync_interval;
   w.segment_bytes = options_.segment_bytes;
+  w.salt = *salt_;
   auto writer = LogWriter::Open(fs_, options_.dir, segment, rec.last_seq + 1, w);
   if (!writer) return writer.error();
   writer_ = std::move(*writer);
@@ -446,8 +459,8 @@ Status LogStore::Compact() {
   const std::string tmp = Path(LogFileName(*closed, /*snapshot=*/true) + ".tmp");
   auto out = fs_.Append(tmp);
   if (!out) return out.error();
-  Status s = (*out)->Append(FileHeader());
-  BatchBuilder batch;
+  Status s = (*out)->Append(FileHeader(*salt_));
+  BatchBuilder batch(*salt_);
   std::uint64_t seq = 0;
   std::string scratch;
   auto flush = [&]() -> Status {

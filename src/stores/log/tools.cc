@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <string>
 
 #include "idem/stores/log.h"
@@ -87,6 +88,7 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
   if (!files) return files.error();
   LogCheckReport report;
   std::uint64_t last_seq = 0;
+  std::optional<std::uint64_t> salt;  // the store's: that of the first file with a good header
   for (std::size_t i = 0; i < files->size(); ++i) {
     const log::LogFile& f = (*files)[i].file;
     const std::string path = dir + "/" + f.name;
@@ -94,7 +96,13 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
     ++report.files;
     report.bytes += bytes.size();
     const bool last = i + 1 == files->size();
-    if (Status h = log::CheckFileHeader(bytes, path); !h.ok()) {
+    Status h = salt ? log::CheckFileHeader(bytes, path, *salt) : OkStatus();
+    if (!salt) {
+      auto read = log::ReadFileHeader(bytes, path);
+      if (read) salt = *read;
+      h = read ? OkStatus() : read.error();
+    }
+    if (!h.ok()) {
       if (last && !f.snapshot && bytes.size() < log::kFileHeaderSize) {
         report.torn_tail = true;
       } else {
@@ -104,7 +112,7 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
     }
     log::Entry e;
     std::uint64_t entries = 0;
-    auto scan = log::ScanLog(bytes, f.snapshot ? 0 : last_seq, [&](const log::Frame& fr) {
+    auto scan = log::ScanLog(bytes, *salt, f.snapshot ? 0 : last_seq, [&](const log::Frame& fr) {
       Status s = log::DecodeEntry(fr.type, fr.payload, &e);
       if (!s.ok()) {
         report.damage.push_back(path + " offset " + std::to_string(fr.offset) + ": " + s.message());
@@ -143,6 +151,15 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   if (!files) return files.error();
   LogRepairReport report;
   if (files->empty()) return report;
+  // The repaired store keeps the salt of its first file with a good header. A file of another
+  // format version stops the repair before anything changes.
+  std::optional<std::uint64_t> salt;
+  for (const auto& opened : *files) {
+    auto read = ReadFileHeader(opened.data->Data(), dir + "/" + opened.file.name);
+    if (!read && read.error().code() == StatusCode::kFailedPrecondition) return read.error();
+    if (read && !salt) salt = *read;
+  }
+  if (!salt) salt = NewSalt();
   // Every intact entry, in order, into one new snapshot above every file there is (leftover
   // segments of an interrupted compaction included): a snapshot covers every id up to its own,
   // so an open replays it alone and removes whatever older files are still there.
@@ -156,8 +173,8 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   if (fs.Exists(tmp)) IDEM_RETURN_IF_ERROR(fs.Remove(tmp));
   auto out = fs.Append(tmp);
   if (!out) return out.error();
-  IDEM_RETURN_IF_ERROR((*out)->Append(FileHeader()));
-  BatchBuilder batch;
+  IDEM_RETURN_IF_ERROR((*out)->Append(FileHeader(*salt)));
+  BatchBuilder batch(*salt);
   std::uint64_t seq = 0;
   Status write_error;
   auto flush = [&] {
@@ -168,14 +185,14 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   for (const auto& opened : *files) {
     const std::string path = dir + "/" + opened.file.name;
     std::string_view bytes = opened.data->Data();
-    if (!CheckFileHeader(bytes, path).ok()) {
+    if (auto read = ReadFileHeader(bytes, path); !read || *read != *salt) {
       report.bytes_dropped += bytes.size();
       report.dropped.push_back(path + " bytes [0, " + std::to_string(bytes.size()) +
-                               ") (bad header)");
+                               (read ? ") (the salt of another store)" : ") (bad header)"));
       continue;
     }
     Entry e;
-    auto salvage = SalvageLog(bytes, [&](const Frame& fr) {
+    auto salvage = SalvageLog(bytes, *salt, [&](const Frame& fr) {
       if (!DecodeEntry(fr.type, fr.payload, &e).ok()) {
         report.bytes_dropped += fr.payload.size() + kFrameHeaderSize;
         report.dropped.push_back(path + " bytes [" + std::to_string(fr.offset) + ", " +

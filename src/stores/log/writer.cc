@@ -101,7 +101,7 @@ Status LogWriter::OpenSegment(std::uint64_t id) {
   if (!file) return file.error();
   const bool created = (*file)->Size() == 0;
   Status s;
-  if (created) s = (*file)->Append(FileHeader());
+  if (created) s = (*file)->Append(FileHeader(options_.salt));
   // Also when it existed: what recovery kept of it is then known to be on disk (synced_size_),
   // even if a process crash left some of it in the page cache only.
   if (s.ok()) s = (*file)->Sync();

@@ -51,6 +51,7 @@ struct WriterOptions {
   std::chrono::milliseconds sync_interval{100};
   std::uint64_t segment_bytes = 64u << 20;    // start a new segment past this size
   std::size_t max_pending_bytes = 16u << 20;  // Append blocks past this (backpressure)
+  std::uint64_t salt = 0;                     // the store's (batch.h): in new segments' headers
 };
 
 class LogWriter {
@@ -139,9 +140,9 @@ class LogWriter {
   // Waiters of ticket t sleep on the futex done_word_[t & 1], which the flusher bumps after
   // publishing durable_ (so a waiter that read the old word value cannot miss the wake).
   std::atomic<std::uint32_t> done_word_[2] = {0, 0};
-  BatchBuilder pending_;              // guarded by mu_
-  std::vector<Callback> callbacks_;   // WhenDurable's, not yet due; guarded by mu_
-  std::uint64_t pending_ticket_ = 0;  // ticket of the pending batch (0: empty)
+  BatchBuilder pending_{options_.salt};  // guarded by mu_
+  std::vector<Callback> callbacks_;      // WhenDurable's, not yet due; guarded by mu_
+  std::uint64_t pending_ticket_ = 0;     // ticket of the pending batch (0: empty)
   // Gathering (sync=always). The callers of the last batch are back when pending_ holds
   // back_target_ entries; Append notes when (back_at_), so the flusher learns how long they
   // take (back_time_) even when it does not wait for them. Guarded by mu_.
@@ -167,7 +168,7 @@ class LogWriter {
   // Owned by the flusher thread (and by Open/the destructor when it does not run).
   std::unique_ptr<WritableFile> file_;
   std::atomic<std::uint64_t> segment_id_{0};
-  BatchBuilder flushing_;
+  BatchBuilder flushing_{options_.salt};
   bool dirty_ = false;  // written since the last sync
   // Bytes of file_ known to be on disk: its size at its last successful sync.
   std::uint64_t synced_size_ = 0;
