@@ -117,17 +117,6 @@ struct SalvageResult {
 // otherwise it resynchronises on the next batch header. Reports the byte ranges it dropped.
 Result<SalvageResult> SalvageLog(std::string_view file, std::uint64_t salt, const FrameSink& sink);
 
-// Salt 0 (the checksums are then plain CRC-32C): for the fuzz target, whose inputs are not a
-// store's files.
-inline std::string FileHeader() { return FileHeader(0); }
-inline Result<ScanResult> ScanLog(std::string_view file, std::uint64_t after_seq,
-                                  const FrameSink& sink) {
-  return ScanLog(file, 0, after_seq, sink);
-}
-inline Result<SalvageResult> SalvageLog(std::string_view file, const FrameSink& sink) {
-  return SalvageLog(file, 0, sink);
-}
-
 }  // namespace idem::log
 
 #endif  // IDEM_STORES_LOG_BATCH_H_
