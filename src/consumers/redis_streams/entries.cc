@@ -67,6 +67,9 @@ Status ParseEntries(const redisReply& list, std::string_view stream, std::string
   if (list.type != REDIS_REPLY_ARRAY) return Bad(stream, list);
   out.reserve(out.size() + list.elements);
   for (std::size_t i = 0; i < list.elements; ++i) {
+    // Redis 6.2's XAUTOCLAIM answers an entry deleted while pending with a bare nil, without
+    // its id (Redis 7 lists those ids apart): there is nothing to deliver or acknowledge.
+    if (list.element[i]->type == REDIS_REPLY_NIL) continue;
     ParsedEntry& p = out.emplace_back();
     IDEM_RETURN_IF_ERROR(
         ParseOne(*list.element[i], stream, payload_field, p.message, p.id, p.deleted));

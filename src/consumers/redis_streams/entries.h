@@ -35,8 +35,9 @@ struct ParsedEntry {
   BrokerMessage message;  // partition, position, payload, headers; deliveries 1
 };
 
-// Appends the entries of `list` (an array of [id, fields]) to `out`. kInternal for a reply of
-// another shape.
+// Appends the entries of `list` (an array of [id, fields]) to `out`, skipping nil elements
+// (Redis 6.2's XAUTOCLAIM for an entry deleted while pending). kInternal for a reply of another
+// shape.
 Status ParseEntries(const redisReply& list, std::string_view stream, std::string_view payload_field,
                     std::vector<ParsedEntry>& out);
 
