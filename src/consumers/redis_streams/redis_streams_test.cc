@@ -326,6 +326,47 @@ TEST(RedisStreamsTest, RestartedConsumerGetsItsOwnPendingEntriesFirst) {
   EXPECT_THAT(Deliveries(got), ElementsAre(2u, 2u, 2u, 2u, 1u, 1u, 1u));
 }
 
+// Feeds `resp` to a plain hiredis reader and parses the entry list at `path` (element indexes
+// from the root) with ParseEntries.
+Status ParseListAt(std::string_view resp, std::vector<std::size_t> path,
+                   std::vector<ParsedEntry>& out) {
+  redisReader* reader = redisReaderCreate();
+  EXPECT_EQ(redisReaderFeed(reader, resp.data(), resp.size()), REDIS_OK);
+  void* raw = nullptr;
+  EXPECT_EQ(redisReaderGetReply(reader, &raw), REDIS_OK);
+  redisReaderFree(reader);
+  if (raw == nullptr) return InternalError("no whole reply");
+  const redisReply* list = static_cast<redisReply*>(raw);
+  for (const std::size_t i : path) list = list->element[i];
+  Status s = ParseEntries(*list, "s", "payload", out);
+  freeReplyObject(raw);
+  return s;
+}
+
+TEST(RedisStreamsConfigTest, ClaimedEntriesDeletedWhilePendingAreSkipped) {
+  // Redis 6.2's XAUTOCLAIM: [cursor, entries], an entry deleted while pending a bare nil.
+  const std::string redis62 =
+      "*2\r\n$3\r\n0-0\r\n*3\r\n"
+      "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$1\r\na\r\n"
+      "*-1\r\n"
+      "*2\r\n$3\r\n3-0\r\n*2\r\n$7\r\npayload\r\n$1\r\nc\r\n";
+  std::vector<ParsedEntry> got;
+  const Status s = ParseListAt(redis62, {1}, got);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].message.position, "1-0");
+  EXPECT_EQ(got[0].message.payload, "a");
+  EXPECT_EQ(got[1].message.position, "3-0");
+  EXPECT_EQ(got[1].message.payload, "c");
+  EXPECT_FALSE(got[0].deleted || got[1].deleted);
+  // XREADGROUP's pending read: [id, nil] is still an entry, marked deleted.
+  got.clear();
+  ASSERT_TRUE(ParseListAt("*1\r\n*2\r\n$3\r\n2-0\r\n*-1\r\n", {}, got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].deleted);
+  EXPECT_EQ(got[0].message.position, "2-0");
+}
+
 TEST(RedisStreamsTest, PendingEntriesDeletedFromTheStreamAreSkippedAndAcknowledged) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
