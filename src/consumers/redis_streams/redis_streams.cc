@@ -5,7 +5,8 @@
 //    by Redeliver (with their delay), entries claimed while newer ones wait in `ready`, and
 //    entries read back or claimed beyond a Poll's `max` (due now);
 //  - then `ready`: new entries (XREADGROUP ... >) read ahead or beyond a Poll's `max`
-//    (XREADGROUP's COUNT is per stream), all newer than the held ones.
+//    (XREADGROUP's COUNT is per stream), and claimed entries newer than the first of them, in
+//    stream order; all newer than the held ones.
 // Invariant: while a stream has entries waiting in either, nothing newer of that stream is read
 // from Redis, and `ready` waits for `held` to empty; so entries come out in stream order, and
 // handed-back ones before any later entry of their stream.
@@ -26,7 +27,6 @@
 #include <algorithm>
 #include <deque>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -51,6 +51,15 @@ struct Held {
   SteadyClock::time_point due;
   bool redelivery = false;  // handed back: one more delivery when handed out again
   BrokerMessage message;
+};
+
+// Orders `ready` entries (by their position) against entry ids.
+struct ReadyBefore {
+  static EntryId IdOf(const BrokerMessage& m) {
+    return ParseEntryId(m.position).value_or(EntryId{});
+  }
+  bool operator()(const BrokerMessage& m, const EntryId& id) const { return IdOf(m) < id; }
+  bool operator()(const EntryId& id, const BrokerMessage& m) const { return id < IdOf(m); }
 };
 
 struct Stream {
@@ -517,20 +526,42 @@ Status RedisStreamsBroker::Claim(SteadyClock::time_point now, std::size_t max,
     if (streams_[s].claim_cursor != "0-0") swept = false;
     IDEM_RETURN_IF_ERROR(
         ParseEntries(*reply.element[1], streams_[s].name, config_.payload_field, per_stream[s]));
-    // Entries read ahead are pending on this consumer too: if they idled that long, they are
-    // still here, in `ready`, and must not come twice.
+    // Entries read ahead are pending on this consumer too: if they idled that long (they were
+    // touched just before, so only with a tiny claim_idle), they are still here, in `ready`,
+    // and must not come twice. Any other entry is delivered: another consumer's, taken over
+    // (XAUTOCLAIM moved it here and reset its idle time), or one this consumer handed out that
+    // was not settled within claim_idle.
     const Stream& st = streams_[s];
-    std::optional<EntryId> first_ready;
-    if (st.ready_taken < st.ready.size())
-      first_ready = ParseEntryId(st.ready[st.ready_taken].position);
     std::erase_if(per_stream[s], [&](const ParsedEntry& e) {
-      return e.deleted || (first_ready && e.id >= *first_ready);
+      return e.deleted ||
+             std::binary_search(st.ready.begin() + static_cast<std::ptrdiff_t>(st.ready_taken),
+                                st.ready.end(), e.id, ReadyBefore{});
     });
   }
   // Once every stream's pending list was swept to its end, wait claim_interval for the next.
   if (swept) next_claim_ = now + config_.claim_interval;
   IDEM_RETURN_IF_ERROR(CountDeliveries(per_stream));
-  for (const std::size_t s : asked) Deliver(s, per_stream[s], max, out);
+  for (const std::size_t s : asked) {
+    // Claimed entries newer than the first read-ahead one join `ready` in stream order: held,
+    // they would come before older entries (and `ready` waits for `held`).
+    Stream& st = streams_[s];
+    std::vector<ParsedEntry>& claimed = per_stream[s];
+    if (st.ready_taken < st.ready.size()) {
+      const BrokerMessage& first_ready = st.ready[st.ready_taken];
+      const auto newer = std::find_if(claimed.begin(), claimed.end(), [&](const ParsedEntry& e) {
+        return ReadyBefore{}(first_ready, e.id);
+      });
+      for (auto e = newer; e != claimed.end(); ++e) {
+        e->message.handle = s;
+        const auto at =
+            std::upper_bound(st.ready.begin() + static_cast<std::ptrdiff_t>(st.ready_taken),
+                             st.ready.end(), e->id, ReadyBefore{});
+        st.ready.insert(at, std::move(e->message));
+      }
+      claimed.erase(newer, claimed.end());
+    }
+    Deliver(s, claimed, max, out);
+  }
   return OkStatus();
 }
 

@@ -418,6 +418,54 @@ TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
   EXPECT_THAT(Positions(PollN(*alive, 2)), ElementsAreArray(more));
 }
 
+// A consumer with entries read ahead takes over a stopped consumer's entries that are newer
+// than them, and hands them out in stream order right after its own.
+TEST(RedisStreamsTest, ClaimedEntriesNewerThanTheReadAheadComeRightAfterIt) {
+  const std::string url = SharedUrl();
+  const std::string s = Unique("s");
+  const auto ids = PublishN(url, s, 10);
+  auto config = Config(url, {s}, "a");
+  config.claim_idle = milliseconds(300);
+  config.claim_interval = milliseconds(50);
+  auto a = Open(config);
+  ASSERT_NE(a, nullptr);
+  auto first = a->Poll(2, milliseconds(1000));
+  ASSERT_TRUE(first.has_value()) << first.error().ToString();
+  EXPECT_THAT(Positions(*first), ElementsAre(ids[0], ids[1]));
+  ASSERT_TRUE(AckAll(*a, *first).ok());
+  // The full batch sent two read-aheads (entries 3-4 and 5-6); once they are pending on `a`,
+  // consumer b reads entries 7-8 and stops.
+  ASSERT_EQ(PendingCountSettled(url, s, 4), 4);
+  auto address = ParseAddress(url);
+  ASSERT_TRUE(address.has_value());
+  auto b = Client::Open(*address, milliseconds(2000));
+  ASSERT_TRUE(b.has_value());
+  auto read = (*b)->Call(Args()
+                             .Add("XREADGROUP")
+                             .Add("GROUP")
+                             .Add("g")
+                             .Add("b")
+                             .Add("COUNT")
+                             .Add("2")
+                             .Add("STREAMS")
+                             .Add(s)
+                             .Add(">"));
+  ASSERT_TRUE(read.has_value());
+  ASSERT_EQ(PendingCount(url, s), 6);
+  std::this_thread::sleep_for(milliseconds(400));
+
+  std::vector<BrokerMessage> got;
+  for (int i = 0; i < 8 && got.size() < 8; ++i) {
+    auto batch = a->Poll(2, milliseconds(50));
+    ASSERT_TRUE(batch.has_value()) << batch.error().ToString();
+    ASSERT_TRUE(AckAll(*a, *batch).ok());
+    for (auto& m : *batch) got.push_back(std::move(m));
+  }
+  EXPECT_THAT(Positions(got), ElementsAreArray(ids.begin() + 2, ids.end()));
+  EXPECT_THAT(Deliveries(got), ElementsAre(1u, 1u, 1u, 1u, 2u, 2u, 1u, 1u));
+  EXPECT_EQ(PendingCountSettled(url, s, 0), 0);
+}
+
 TEST(RedisStreamsTest, ABusyConsumerStillClaimsTheEntriesOfAStoppedOne) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
