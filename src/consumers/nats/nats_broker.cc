@@ -23,7 +23,13 @@ struct ConsumerInfoCloser {
 struct MetaDataCloser {
   void operator()(jsMsgMetaData* m) const { jsMsgMetaData_Destroy(m); }
 };
+struct PubAckCloser {
+  void operator()(jsPubAck* a) const { jsPubAck_Destroy(a); }
+};
 using SubscriptionPtr = std::unique_ptr<natsSubscription, SubscriptionCloser>;
+
+// The name an original's Nats-* header gets on its dead letter: Idem-Original-Nats-Msg-Id.
+constexpr std::string_view kOriginalHeaderPrefix = "Idem-Original-";
 
 constexpr std::int64_t kNanosPerMilli = 1'000'000;
 
@@ -264,12 +270,14 @@ class NatsBroker final : public Broker {
     if (s != NATS_OK) return InternalError(ErrorText("nats: dead letter", s));
     MsgPtr out(raw);
     Headers headers = DeadLetterHeaders(message, info);
-    bool has_id = false;
-    std::erase_if(headers, [&](const auto& h) {
-      if (EqualsIgnoreCase(h.first, "Nats-Msg-Id") && !h.second.empty()) has_id = true;
-      // Publish preconditions of the source stream; the DLQ stream would refuse them.
-      return StartsWithIgnoreCase(h.first, "Nats-Expected-");
-    });
+    // Nats-* is the server's namespace: Nats-Msg-Id, Nats-Rollup, Nats-Expected-*, Nats-TTL
+    // and what later servers add decide how (and whether) the DLQ stream stores the publish.
+    // The original's are kept under another name: as such, an original Nats-Msg-Id would make
+    // the dead letters of two messages that share it one, and a Nats-Rollup would be refused
+    // by a DLQ stream without rollups (every retry again).
+    for (auto& [name, value] : headers) {
+      if (StartsWithIgnoreCase(name, "Nats-")) name.insert(0, kOriginalHeaderPrefix);
+    }
     IDEM_RETURN_IF_ERROR(WriteHeaders(out.get(), headers));
     jsPubOptions po;
     jsPubOptions_Init(&po);
@@ -277,14 +285,17 @@ class NatsBroker final : public Broker {
     // A dead letter sent again after a crash (before the source message was acked) is stored
     // once within the DLQ stream's duplicate window.
     const std::string id = config_.stream + ":" + message.position;
-    if (!has_id) po.MsgId = id.c_str();
-    jsPubAck* ack = nullptr;
+    po.MsgId = id.c_str();
+    jsPubAck* raw_ack = nullptr;
     jsErrCode jerr = static_cast<jsErrCode>(0);
-    s = js_PublishMsg(&ack, js(), out.get(), &po, &jerr);
-    jsPubAck_Destroy(ack);
+    s = js_PublishMsg(&raw_ack, js(), out.get(), &po, &jerr);
+    std::unique_ptr<jsPubAck, PubAckCloser> ack(raw_ack);
     if (s != NATS_OK) {
       return UnavailableError(ErrorText("nats: dead letter to " + config_.dlq_subject, s));
     }
+    // A duplicate was not stored: the source may be acknowledged only when the message already
+    // stored under the id is this one's dead letter.
+    if (ack != nullptr && ack->Duplicate) return CheckStoredDeadLetter(*ack, message, id);
     return OkStatus();
   }
 
@@ -300,6 +311,33 @@ class NatsBroker final : public Broker {
   };
 
   jsCtx* js() { return connection_.js.get(); }
+
+  // After a PubAck that says duplicate: ok when the DLQ message it names is the dead letter of
+  // `message` (a repeat after a crash); kUnavailable when it is another message (the id was
+  // taken, e.g. by a stream deleted and created again within the duplicate window) or cannot
+  // be read.
+  Status CheckStoredDeadLetter(const jsPubAck& ack, const BrokerMessage& message,
+                               const std::string& id) {
+    const std::string stream = ack.Stream != nullptr ? ack.Stream : config_.dlq_stream;
+    const std::string what = "nats: dead letter " + id + " was taken for a duplicate of " + stream +
+                             "/" + std::to_string(ack.Sequence);
+    natsMsg* raw = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    const natsStatus s = js_GetMsg(&raw, js(), stream.c_str(), ack.Sequence, nullptr, &jerr);
+    MsgPtr stored(raw);
+    if (s != NATS_OK) return UnavailableError(ErrorText(what + "; reading it back", s));
+    const std::string source = message.partition + "@" + message.position;
+    const char* stored_source = nullptr;
+    const bool same =
+        natsMsgHeader_Get(stored.get(), std::string(kDlqSourceHeader).c_str(), &stored_source) ==
+            NATS_OK &&
+        stored_source != nullptr && source == stored_source &&
+        std::string_view(natsMsg_GetData(stored.get()),
+                         static_cast<std::size_t>(natsMsg_GetDataLength(stored.get()))) ==
+            message.payload;
+    if (same) return OkStatus();
+    return UnavailableError(what + ", which is another message; not stored");
+  }
 
   bool Connected() const {
     return natsConnection_Status(connection_.conn.get()) == NATS_CONN_STATUS_CONNECTED;

@@ -424,6 +424,108 @@ TEST(NatsBrokerTest, DeadLetterCarriesThePayloadAndHeaders) {
   EXPECT_EQ(src->front().payload, "poison-payload");
 }
 
+// Creates stream `name` over `subject` that accepts Nats-Rollup (idem's own streams do not).
+void CreateRollupStream(const std::string& url, const std::string& name,
+                        const std::string& subject) {
+  ConnectOptions co;
+  co.url = url;
+  auto c = Connect(co);
+  ASSERT_TRUE(c.has_value()) << c.error().ToString();
+  const char* subjects[] = {subject.c_str()};
+  jsStreamConfig cfg;
+  jsStreamConfig_Init(&cfg);
+  cfg.Name = name.c_str();
+  cfg.Subjects = subjects;
+  cfg.SubjectsLen = 1;
+  cfg.AllowRollup = true;
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  ASSERT_EQ(js_AddStream(&si, c->js.get(), &cfg, nullptr, &jerr), NATS_OK) << jerr;
+  jsStreamInfo_Destroy(si);
+}
+
+TEST(NatsBrokerTest, DeadLetterKeepsTheOriginalsNatsHeadersUnderAnotherName) {
+  const std::string url = SharedUrl();
+  // Two source streams dead-lettering into one DLQ stream.
+  Names a, b;
+  b.dlq_stream = a.dlq_stream;
+  b.dlq_subject = a.dlq_subject;
+  CreateRollupStream(url, a.stream, a.subject_prefix + ".>");
+  auto broker_a = Open(a.Config(url));
+  auto broker_b = Open(b.Config(url));
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(broker_a && broker_b && p);
+  // A rollup (and a precondition) that held for the source stream. First: nats-server 2.9
+  // moves a consumer past everything before a rollup, whatever its subject.
+  ASSERT_TRUE(
+      p->Publish(
+           a.Subject("r"), "rollup",
+           {{"Idempotency-Key", "kr"}, {"Nats-Rollup", "sub"}, {"Nats-Expected-Stream", a.stream}})
+          .has_value());
+  // Two different messages with the same Nats-Msg-Id (each stored by its own stream).
+  ASSERT_TRUE(
+      p->Publish(a.Subject("x"), "from-a", {{"Idempotency-Key", "ka"}, {"Nats-Msg-Id", "X"}})
+          .has_value());
+  ASSERT_TRUE(
+      p->Publish(b.Subject("x"), "from-b", {{"Idempotency-Key", "kb"}, {"Nats-Msg-Id", "X"}})
+          .has_value());
+  const auto got_a = PollN(*broker_a, 2, 5s);
+  const auto got_b = PollN(*broker_b, 1, 5s);
+  ASSERT_EQ(got_a.size(), 2u);
+  ASSERT_EQ(got_b.size(), 1u);
+  const DeadLetterInfo info{.reason = "permanent", .attempts = 1};
+  for (const BrokerMessage& m : got_a) {
+    const Status s = broker_a->DeadLetter(m, info);
+    EXPECT_TRUE(s.ok()) << m.payload << ": " << s.ToString();
+  }
+  ASSERT_TRUE(broker_b->DeadLetter(got_b[0], info).ok());
+
+  auto dlq = ReadStream(url, a.dlq_stream);
+  ASSERT_TRUE(dlq.has_value()) << dlq.error().ToString();
+  ASSERT_EQ(dlq->size(), 3u);
+  std::map<std::string, const StoredMessage*> by_payload;
+  for (const StoredMessage& m : *dlq) by_payload[m.payload] = &m;
+  ASSERT_EQ(by_payload.size(), 3u);
+  // The dead letter's own message id is idem's: <stream>:<sequence>.
+  for (const auto& [payload, id] : {std::pair{"from-a", a.stream + ":" + got_a[1].position},
+                                    std::pair{"from-b", b.stream + ":" + got_b[0].position}}) {
+    ASSERT_TRUE(by_payload.contains(payload)) << payload;
+    const Headers& h = by_payload[payload]->headers;
+    EXPECT_EQ(HeaderOf(h, "Nats-Msg-Id"), id) << payload;
+    EXPECT_EQ(HeaderOf(h, "Idem-Original-Nats-Msg-Id"), "X") << payload;
+  }
+  ASSERT_TRUE(by_payload.contains("rollup"));
+  const Headers& r = by_payload["rollup"]->headers;
+  EXPECT_EQ(HeaderOf(r, "Nats-Rollup"), "<missing>");
+  EXPECT_EQ(HeaderOf(r, "Idem-Original-Nats-Rollup"), "sub");
+  EXPECT_EQ(HeaderOf(r, "Nats-Expected-Stream"), "<missing>");
+  EXPECT_EQ(HeaderOf(r, "Idem-Original-Nats-Expected-Stream"), a.stream);
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key"), "kr");
+}
+
+TEST(NatsBrokerTest, DeadLetterWhoseIdIsTakenByAnotherMessageIsNotStored) {
+  Names n;
+  const std::string url = SharedUrl();
+  auto b = Open(n.Config(url));
+  auto p = OpenPublisher(url);
+  ASSERT_TRUE(b && p);
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "poison", {{"Idempotency-Key", "k-1"}}).has_value());
+  const auto got = PollN(*b, 1, 5s);
+  ASSERT_EQ(got.size(), 1u);
+  // Another message already holds the dead letter's message id in the DLQ stream (e.g. one of
+  // a source stream of the same name, deleted and created again within the duplicate window).
+  ASSERT_TRUE(
+      p->Publish(n.dlq_subject, "someone-else", {{"Nats-Msg-Id", n.stream + ":" + got[0].position}})
+          .has_value());
+  const Status dead = b->DeadLetter(got[0], {.reason = "permanent", .attempts = 1});
+  EXPECT_EQ(dead.code(), StatusCode::kUnavailable) << dead.ToString();
+  EXPECT_THAT(dead.message(), HasSubstr("duplicate"));
+  auto dlq = ReadStream(url, n.dlq_stream);
+  ASSERT_TRUE(dlq.has_value()) << dlq.error().ToString();
+  ASSERT_EQ(dlq->size(), 1u);
+  EXPECT_EQ(dlq->front().payload, "someone-else");
+}
+
 TEST(NatsBrokerTest, ExistingStreamsAreUsedAsTheyAre) {
   Names n;
   const std::string url = SharedUrl();
