@@ -14,6 +14,7 @@
 #include "idem/stores/log.h"
 #include "stores/log/batch.h"
 #include "stores/log/log_store_internal.h"
+#include "stores/log/log_test_fixture.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/faulty_file_system.h"
 
@@ -26,72 +27,10 @@ using testing::FakeClock;
 using testing::FaultyFileSystem;
 using ::testing::HasSubstr;
 
-constexpr milliseconds kLease{60'000};
-constexpr milliseconds kRetention{3'600'000};
+using log_testing::kLease;
+using log_testing::kRetention;
 
-class LogFaultsTest : public ::testing::Test {
- protected:
-  LogFaultsTest() {
-    dir_ = ::testing::TempDir() + "idem-log-faults-" + std::to_string(::getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-  }
-  ~LogFaultsTest() override { fs::remove_all(dir_); }
-
-  LogStoreOptions Options(SyncMode sync = SyncMode::kAlways) {
-    LogStoreOptions o;
-    o.dir = dir_;
-    o.sync = sync;
-    o.clock = &clock_;
-    o.reclaim_interval = milliseconds(0);
-    o.warn = [this](std::string_view w) { warnings_.emplace_back(w); };
-    return o;
-  }
-  std::unique_ptr<Store> Open(const LogStoreOptions& o, log::FileSystem& files) {
-    auto s = log::OpenLogStoreWith(o, files);
-    EXPECT_TRUE(s) << s.error().ToString();
-    return s ? std::move(*s) : nullptr;
-  }
-  std::unique_ptr<Store> Open(const LogStoreOptions& o) {
-    return Open(o, log::FileSystem::Posix());
-  }
-  Token Acquire(Store& s, const std::string& key) {
-    auto a = s.Begin({"t", key, std::nullopt, kLease});
-    EXPECT_TRUE(a && std::holds_alternative<Acquired>(*a)) << key;
-    return a && std::holds_alternative<Acquired>(*a) ? std::get<Acquired>(*a).token : Token{};
-  }
-  // Begins and completes `key` with a response naming it.
-  void Cycle(Store& s, const std::string& key) {
-    const Token token = Acquire(s, key);
-    auto c = s.Complete({"t", key, token, Outcome::kSuccess, "response-" + key, kRetention});
-    ASSERT_TRUE(c) << c.error().ToString();
-    ASSERT_EQ(*c, WriteAnswer::kApplied);
-  }
-  bool Replays(Store& s, const std::string& key) {
-    auto r = s.Begin({"t", key, std::nullopt, kLease});
-    EXPECT_TRUE(r) << r.error().ToString();
-    return r && std::holds_alternative<Replay>(*r);
-  }
-  std::vector<std::string> Segments() {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      if (e.path().extension() == ".log") out.push_back(e.path().string());
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
-  FakeClock clock_;
-  std::string dir_;
-  std::vector<std::string> warnings_;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+class LogFaultsTest : public log_testing::LogTest {};
 
 // A failed fdatasync leaves the batch it did not write readable in the page cache. A reopen in
 // the same boot must not replay it (its caller was told kDataLoss), and must not append after
@@ -126,20 +65,6 @@ TEST_F(LogFaultsTest, ACompletionWhoseSyncFailedIsNeverReplayedAndThePowerFailur
   EXPECT_TRUE(Replays(*s, "before"));
   EXPECT_TRUE(Replays(*s, "after"));
   EXPECT_FALSE(Replays(*s, "k"));
-}
-
-// Offsets of the batches in a segment, and the end of the last one.
-std::vector<std::size_t> BatchOffsets(std::string_view data, std::size_t* end) {
-  std::vector<std::size_t> out;
-  std::size_t pos = log::kFileHeaderSize;
-  while (pos + log::kBatchHeaderSize <= data.size()) {
-    std::uint32_t bytes;
-    std::memcpy(&bytes, data.data() + pos + 20, 4);
-    out.push_back(pos);
-    pos += log::kBatchHeaderSize + bytes;
-  }
-  *end = pos;
-  return out;
 }
 
 // Under sync=always the last batch is written into zeros reserved (and synced) ahead of it. A

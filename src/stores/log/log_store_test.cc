@@ -19,6 +19,7 @@
 #include "stores/log/crc32c.h"
 #include "stores/log/files.h"
 #include "stores/log/log_store_internal.h"
+#include "stores/log/log_test_fixture.h"
 #include "stores/memory/engine.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/faulty_file_system.h"
@@ -32,61 +33,11 @@ using testing::FakeClock;
 using testing::FaultyFileSystem;
 using ::testing::HasSubstr;
 
-constexpr milliseconds kLease{60'000};
-constexpr milliseconds kRetention{3'600'000};
+using log_testing::kLease;
+using log_testing::kRetention;
 
-class LogStoreTest : public ::testing::Test {
+class LogStoreTest : public log_testing::LogTest {
  protected:
-  LogStoreTest() {
-    dir_ = ::testing::TempDir() + "idem-log-" + std::to_string(::getpid()) + "-" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-  }
-  ~LogStoreTest() override { fs::remove_all(dir_); }
-
-  LogStoreOptions Options(SyncMode sync = SyncMode::kAlways) {
-    LogStoreOptions o;
-    o.dir = dir_;
-    o.sync = sync;
-    o.clock = &clock_;
-    o.reclaim_interval = milliseconds(0);
-    o.warn = [this](std::string_view w) { warnings_.emplace_back(w); };
-    return o;
-  }
-  std::unique_ptr<Store> Open(LogStoreOptions o) {
-    auto s = OpenLogStore(o);
-    EXPECT_TRUE(s) << s.error().ToString();
-    return s ? std::move(*s) : nullptr;
-  }
-  // Begins and completes `key` with a response naming it.
-  void Cycle(Store& s, const std::string& key) {
-    auto a = s.Begin({"t", key, std::nullopt, kLease});
-    ASSERT_TRUE(a) << a.error().ToString();
-    ASSERT_TRUE(std::holds_alternative<Acquired>(*a));
-    auto c = s.Complete(
-        {"t", key, std::get<Acquired>(*a).token, Outcome::kSuccess, "response-" + key, kRetention});
-    ASSERT_TRUE(c) << c.error().ToString();
-    ASSERT_EQ(*c, WriteAnswer::kApplied);
-  }
-  void ExpectReplay(Store& s, const std::string& key) {
-    auto r = s.Begin({"t", key, std::nullopt, kLease});
-    ASSERT_TRUE(r) << r.error().ToString();
-    ASSERT_TRUE(std::holds_alternative<Replay>(*r)) << key << ": " << BeginAnswerName(*r);
-    EXPECT_EQ(std::get<Replay>(*r).response, "response-" + key);
-  }
-  std::vector<std::string> Segments() {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      if (e.path().extension() == ".log") out.push_back(e.path().string());
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
-  static std::string ReadAll(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
   // The salt in the header of the store's file at `path`.
   static std::uint64_t SaltOf(const std::string& path) {
     auto salt = log::ReadFileHeader(ReadAll(path), path);
@@ -104,10 +55,6 @@ class LogStoreTest : public ::testing::Test {
     }
     return total;
   }
-
-  FakeClock clock_;
-  std::string dir_;
-  std::vector<std::string> warnings_;
 };
 
 TEST_F(LogStoreTest, EverythingSurvivesAReopen) {
@@ -331,17 +278,8 @@ TEST_F(LogStoreTest, DamageInTheMiddleRefusesToOpenAndRepairKeepsTheRest) {
   }
   std::string seg = Segments().back();
   // Flip a byte in the 3rd batch (k1's begin): intact batches follow it.
-  std::string data;
-  {
-    std::ifstream in(seg, std::ios::binary);
-    data.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  std::size_t pos = log::kFileHeaderSize;
-  for (int i = 0; i < 2; ++i) {
-    std::uint32_t bytes;
-    std::memcpy(&bytes, data.data() + pos + 20, 4);
-    pos += log::kBatchHeaderSize + bytes;
-  }
+  std::string data = ReadAll(seg);
+  const std::size_t pos = BatchOffset(data, 2);
   data[pos + log::kBatchHeaderSize + 12] ^= 0x5A;
   std::ofstream(seg, std::ios::binary | std::ios::trunc) << data;
 
@@ -379,11 +317,7 @@ TEST_F(LogStoreTest, RandomDamageNeverCrashesAndNeverPassesSilently) {
     for (int i = 0; i < 200; ++i) Cycle(*s, "k" + std::to_string(i));
   }
   std::string seg = Segments().back();
-  std::string original;
-  {
-    std::ifstream in(seg, std::ios::binary);
-    original.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string original = ReadAll(seg);
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
     SCOPED_TRACE(trial);
@@ -765,11 +699,7 @@ TEST_F(LogStoreTest, RepairAfterAnInterruptedCompactionKeepsEveryRecord) {
     auto s = Open(Options());
     for (int i = 0; i < 20; ++i) Cycle(*s, "k" + std::to_string(i));
   }
-  std::string leftover;
-  {
-    std::ifstream in(first, std::ios::binary);
-    leftover.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string leftover = ReadAll(first);
   ASSERT_FALSE(leftover.empty());
   {
     auto s = Open(Options());
@@ -852,17 +782,8 @@ TEST_F(LogStoreTest, ARepairStoppedAtAnyStepNeverLeavesAnEmptyStore) {
   }
   // Damage in the middle: a byte of the 3rd batch (k1's begin).
   const std::string seg = Segments().back();
-  std::string data;
-  {
-    std::ifstream in(seg, std::ios::binary);
-    data.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  std::size_t pos = log::kFileHeaderSize;
-  for (int i = 0; i < 2; ++i) {
-    std::uint32_t bytes;
-    std::memcpy(&bytes, data.data() + pos + 20, 4);
-    pos += log::kBatchHeaderSize + bytes;
-  }
+  std::string data = ReadAll(seg);
+  const std::size_t pos = BatchOffset(data, 2);
   data[pos + log::kBatchHeaderSize + 12] ^= 0x5A;
   bool finished = false;
   for (int ops = 0; !finished; ++ops) {
