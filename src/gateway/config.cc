@@ -14,6 +14,8 @@
 
 #include "gateway/config_values.h"
 #include "idem/stores/log.h"
+#include "idem/stores/postgres.h"
+#include "idem/stores/redis.h"
 
 namespace idem::gateway {
 namespace config_detail {
@@ -165,23 +167,14 @@ std::optional<std::string> CheckStoreUrl(std::string_view url) {
     if (!parsed) return parsed.error().message();
     return std::nullopt;
   }
-  const bool redis = scheme == "redis";
-  const bool cluster = scheme == "redis+cluster";
-  if (redis || cluster || scheme == "postgres" || scheme == "postgresql") {
-    if (rest.substr(0, 2) != "//" || rest.size() == 2) {
-      return Quote(url) + " is not " + std::string(scheme) + "://HOST:PORT...";
-    }
-    if (redis || cluster) {
-      std::string_view hosts = rest.substr(2);
-      hosts = hosts.substr(0, hosts.find_first_of("/?"));
-      while (true) {
-        const std::string_view one = hosts.substr(0, hosts.find(','));
-        if (auto e = ParseEndpoint(one); !e) return Quote(url) + ": " + e.error().message();
-        if (one.size() == hosts.size()) break;
-        if (!cluster) return Quote(url) + ": one HOST:PORT only (a cluster is redis+cluster://)";
-        hosts.remove_prefix(one.size() + 1);
-      }
-    }
+  // The stores' own parsers: what they accept idemd accepts (user:password@, a default port,
+  // /DB, ?options), and an option they refuse is refused here, with the file's line.
+  if (scheme == "redis" || scheme == "redis+cluster") {
+    if (auto parsed = ParseRedisStoreUrl(url); !parsed) return parsed.error().message();
+    return std::nullopt;
+  }
+  if (scheme == "postgres" || scheme == "postgresql") {
+    if (auto parsed = ParsePostgresStoreUrl(url); !parsed) return parsed.error().message();
     return std::nullopt;
   }
   if (scheme == "rediss") return Quote(url) + ": TLS to the store is not supported";

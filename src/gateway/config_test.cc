@@ -15,6 +15,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // The message of a config that must not load.
@@ -312,6 +313,24 @@ TEST(GatewayConfigFile, StoreUrls) {
   EXPECT_THAT(Error("store = \"memory:x\"\n"), HasSubstr("memory: takes no path"));
   EXPECT_THAT(Error("store = \"redis://a:1,b:2\"\n"), HasSubstr("redis+cluster://"));
   EXPECT_THAT(Error("store = \"mongo://x\"\n"), HasSubstr("unknown scheme \"mongo:\""));
+}
+
+// The Redis store's own URL forms (docs/redis.md): a password, a user, no port, a database.
+TEST(GatewayConfigFile, StoreUrlsTheRedisStoreAccepts) {
+  for (const char* good : {"redis://:secret@r:6379", "redis://user:pw@r:6379", "redis://r",
+                           "redis://r/2?prefix=x", "redis+cluster://:pw@a,b:7001"}) {
+    auto c = ParseConfig("store = \"" + std::string(good) + "\"\n", "idemd.toml");
+    EXPECT_TRUE(c) << good << ": " << c.error().ToString();
+  }
+  auto flag = Parse({"--store", "redis://r"});
+  ASSERT_TRUE(flag) << flag.error().ToString();
+  ASSERT_TRUE(flag->config);
+  EXPECT_EQ(flag->config->store, "redis://r");
+  // Options the store refuses are refused here, with the file's line, not later in main.
+  EXPECT_THAT(Error("store = \"redis://h:1?bogus=1\"\n"), StartsWith("idemd.toml:1: store: "));
+  EXPECT_THAT(Error("store = \"redis://:s3cret@h:1?bogus=1\"\n"), Not(HasSubstr("s3cret")));
+  EXPECT_THAT(Error("store = \"postgres://u@db:5432/idem?bogus=1\"\n"),
+              StartsWith("idemd.toml:1: store: "));
 }
 
 TEST(GatewayConfigFile, HeadersAndLogLevel) {
