@@ -38,6 +38,11 @@ struct AdminServer::Impl {
   Registry& registry;
   Readiness ready;
   asio::io_context io{1};
+  // Readiness checks run here, not on the thread that serves: a store slow to answer (a pool
+  // waiting for a connection, a statement timeout) would otherwise hold /healthz and /metrics
+  // behind it, and a liveness probe would restart a process that is only waiting on its
+  // database. Declared after `io`: checks still queued are destroyed before it.
+  asio::thread_pool checks{1};
   std::optional<tcp::acceptor> acceptor;
   std::thread thread;
   Endpoint bound{};
@@ -60,7 +65,8 @@ struct AdminServer::Impl {
       } else if (target == "/healthz") {
         res.body() = "ok\n";
       } else if (target == "/readyz") {
-        Status s = ready();
+        Status s = co_await asio::co_spawn(
+            checks, [this]() -> awaitable<Status> { co_return ready(); }, asio::use_awaitable);
         if (s.ok()) {
           res.body() = "ready\n";
         } else {
@@ -113,6 +119,8 @@ void AdminServer::Stop() {
   impl_->stopped = true;
   impl_->io.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->checks.stop();
+  impl_->checks.join();
 }
 
 }  // namespace idem::gateway

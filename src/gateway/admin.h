@@ -7,7 +7,7 @@
 //   ... (*admin)->bound() ...
 //   (*admin)->Stop();
 //
-// One thread of its own; Boost.Asio is confined to admin.cc.
+// One thread serves, another runs readiness checks; Boost.Asio is confined to admin.cc.
 #ifndef IDEM_GATEWAY_ADMIN_H_
 #define IDEM_GATEWAY_ADMIN_H_
 
@@ -23,7 +23,8 @@ namespace idem::gateway {
 
 class AdminServer {
  public:
-  // ok: ready. An error: not ready, its message is the 503's body. Called on the admin thread.
+  // ok: ready. An error: not ready, its message is the 503's body. Called on a thread of its
+  // own, one check at a time, so a slow one never delays /healthz or /metrics.
   using Readiness = std::function<Status()>;
 
   // kUnavailable when the address cannot be bound, kInvalidArgument when it does not resolve.
