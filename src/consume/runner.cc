@@ -20,6 +20,7 @@
 #include "idem/consumers/kafka.h"
 #include "idem/consumers/nats.h"
 #include "idem/consumers/redis_streams.h"
+#include "idem/store_gauges.h"
 
 namespace idem::consume {
 namespace {
@@ -209,6 +210,8 @@ int RunConsume(int argc, char** argv) {
     running.push_back(std::move(r));
   }
 
+  // SPEC §7's gauges of the store's contents, read off the store by a thread of their own.
+  const StoreGauges gauges(**store, registry);
   auto admin = gateway::AdminServer::Start(config.admin, registry, [&]() -> Status {
     IDEM_RETURN_IF_ERROR(gateway::StoreReady(**store));
     for (const auto& r : running) {

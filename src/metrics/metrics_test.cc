@@ -1,5 +1,8 @@
 #include "idem/metrics.h"
 
+#include "idem/store_gauges.h"
+#include "idem/stores/memory.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -333,6 +336,45 @@ TEST_F(RegistryDeathTest, ChecksNamesTypesAndHelp) {
   EXPECT_DEATH(r.AddGaugeCallback("g", "X.", {}, nullptr), "empty gauge callback");
   r.AddGauge("g", "G.");
   EXPECT_DEATH(r.AddGaugeCallback("g", "G.", {}, [] { return 1.0; }), "registered as a gauge");
+}
+
+// The store's contents as gauges (SPEC §7), read by StoreGauges' own thread.
+TEST(StoreGaugesTest, ShowTheStoresRecordsByStateAndItsSize) {
+  MemoryStoreOptions o;
+  o.reclaim_interval = std::chrono::milliseconds(0);
+  auto store = NewMemoryStore(o);
+  auto a = store->Begin({"s", "held", std::nullopt, std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(a && std::holds_alternative<Acquired>(*a));
+  for (const char* key : {"one", "two"}) {
+    auto b = store->Begin({"s", key, std::nullopt, std::chrono::milliseconds(60'000)});
+    ASSERT_TRUE(b && std::holds_alternative<Acquired>(*b));
+    ASSERT_TRUE(store->Complete({"s", key, std::get<Acquired>(*b).token, Outcome::kSuccess, "r",
+                                 std::chrono::milliseconds(60'000)}));
+  }
+  Registry r;
+  StoreGauges gauges(*store, r, std::chrono::milliseconds(10));
+  std::string text;
+  for (int i = 0; i < 500; ++i) {
+    text = r.RenderPrometheus();
+    if (text.find("idem_records{state=\"completed\"} 2") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_THAT(text, HasSubstr("idem_records{state=\"completed\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("idem_records{state=\"in_progress\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE idem_store_bytes gauge\n"));
+  EXPECT_THAT(text, Not(HasSubstr("idem_store_bytes 0\n")));
+  EXPECT_THAT(text, Not(HasSubstr("idem_store_stats_refresh_timestamp_seconds 0\n")));
+  EXPECT_THAT(text, HasSubstr("idem_store_stats_errors_total 0\n"));
+
+  // Then the figures follow the store.
+  auto c = store->Begin({"s", "three", std::nullopt, std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(c && std::holds_alternative<Acquired>(*c));
+  for (int i = 0; i < 500; ++i) {
+    text = r.RenderPrometheus();
+    if (text.find("idem_records{state=\"in_progress\"} 2") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_THAT(text, HasSubstr("idem_records{state=\"in_progress\"} 2\n"));
 }
 
 }  // namespace
