@@ -61,7 +61,9 @@ const Command& FingerprintCommand() {
       .synopsis = "idem fingerprint [--json|--raw] FILE|-",
       .summary = "print the canonical JSON and SHA-256 fingerprint of a payload",
       .help = R"help(Prints the fingerprint idem compares to tell a retry from a different request
-that reuses a key. FILE "-" reads standard input.
+that reuses a key: the one the library's receiver and the consumers store for a payload. The
+gateway's differs: it hashes the method, the target and the body together (docs/gateway.md),
+so an idemd record's fingerprint is not this one. FILE "-" reads standard input.
 
   --json  (default) canonicalise FILE as JSON by RFC 8785 (JCS), print the canonical
           form on one line, then "sha256 <hex>" of it. Invalid JSON fails with the
