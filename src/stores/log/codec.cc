@@ -83,8 +83,9 @@ class Reader {
   std::string_view in_;
 };
 
-constexpr std::size_t kMaxName = 65535;
-constexpr std::size_t kMaxResponse = 64u << 20;
+// Decoding accepts whatever fits in a frame; the store writes no response over kMaxResponseBytes.
+constexpr std::size_t kMaxName = kMaxNameBytes;
+constexpr std::size_t kMaxResponse = kMaxFrameBytes;
 
 // Record layout: flags(state, outcome, has fp) created lease-created expires-created token
 // attempt [fp] response.

@@ -82,6 +82,54 @@ void FailAnswered(std::vector<Result<T>>& answers, const Status& failure) {
   }
 }
 
+// A response longer than the log can read back (kMaxResponseBytes) is refused before the
+// engine sees it, so the change is neither made in memory nor written.
+Status CheckResponse(std::string_view response) {
+  if (response.size() <= kMaxResponseBytes) [[likely]] {
+    return OkStatus();
+  }
+  return InvalidArgumentError(
+      "response is " + std::to_string(response.size()) + " bytes; the log store holds at most " +
+      std::to_string(kMaxResponseBytes) + " (its " + std::to_string(kMaxFrameBytes >> 20) +
+      " MiB record frame less the record's other fields)");
+}
+
+// The completions of a batch that the log can hold, and the errors of those it cannot.
+struct Screened {
+  std::vector<Status> errors;         // per request: OK, or why it is refused
+  std::vector<CompleteRequest> kept;  // the requests that fit, in order
+};
+
+// nullopt when every completion fits (the usual case: nothing is copied).
+std::optional<Screened> Screen(std::span<const CompleteRequest> reqs) {
+  if (std::all_of(reqs.begin(), reqs.end(),
+                  [](const CompleteRequest& r) { return CheckResponse(r.response).ok(); })) {
+    return std::nullopt;
+  }
+  Screened s;
+  for (const CompleteRequest& r : reqs) {
+    s.errors.push_back(CheckResponse(r.response));
+    if (s.errors.back().ok()) s.kept.push_back(r);
+  }
+  return s;
+}
+
+// The answers to `s.kept` put back in place among the refusals.
+std::vector<Result<WriteAnswer>> Merge(const Screened& s,
+                                       std::vector<Result<WriteAnswer>> kept_answers) {
+  std::vector<Result<WriteAnswer>> out;
+  out.reserve(s.errors.size());
+  std::size_t next = 0;
+  for (const Status& e : s.errors) {
+    if (e.ok()) {
+      out.push_back(std::move(kept_answers[next++]));
+    } else {
+      out.push_back(e);
+    }
+  }
+  return out;
+}
+
 struct Recovered {
   std::uint64_t snapshot_id = 0;        // 0: none
   std::vector<std::uint64_t> segments;  // ids after the snapshot, ascending
@@ -103,6 +151,7 @@ class LogStore final : public Store {
   std::string_view Name() const override { return "log"; }
   Result<BeginAnswer> Begin(const BeginRequest& r) override { return After(engine_->Begin(r)); }
   Result<WriteAnswer> Complete(const CompleteRequest& r) override {
+    IDEM_RETURN_IF_ERROR(CheckResponse(r.response));
     return After(engine_->Complete(r));
   }
   Result<WriteAnswer> Release(std::string_view s, std::string_view k, Token t) override {
@@ -116,7 +165,9 @@ class LogStore final : public Store {
     return After(engine_->BeginBatch(r));
   }
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> r) override {
-    return After(engine_->CompleteBatch(r));
+    std::optional<Screened> screened = Screen(r);
+    if (!screened) return After(engine_->CompleteBatch(r));
+    return After(Merge(*screened, engine_->CompleteBatch(screened->kept)));
   }
   // The engine decides on this thread, without waiting; the flusher hands the answers over
   // once the changes behind them (or the state they read) are durable, failing them all if
@@ -125,14 +176,17 @@ class LogStore final : public Store {
                   std::function<void(BatchAnswers)> done) override {
     std::shared_ptr<BatchAnswers> answers;
     std::uint64_t ticket = 0;
+    std::optional<Screened> screened = Screen(completes);
     {
       LogJournal::Deferred deferred(journal_);
       journal_.BeginGroup();
-      answers = std::make_shared<BatchAnswers>(
-          memory_internal::CompleteThenBegin(*engine_, begins, completes));
+      answers = std::make_shared<BatchAnswers>(memory_internal::CompleteThenBegin(
+          *engine_, begins,
+          screened ? std::span<const CompleteRequest>(screened->kept) : completes));
       journal_.EndGroup();
       ticket = deferred.ticket();
     }
+    if (screened) answers->completes = Merge(*screened, std::move(answers->completes));
     MaybeCompact();
     writer_->WhenDurable(ticket, [answers = std::move(answers),
                                   done = std::move(done)](const Status& durable) mutable {
@@ -160,6 +214,7 @@ class LogStore final : public Store {
     return engine_->BeginSequenced(r);
   }
   Result<WriteAnswer> CompleteSequenced(const SequencedCompleteRequest& r) override {
+    IDEM_RETURN_IF_ERROR(CheckResponse(r.response));
     return After(engine_->CompleteSequenced(r));
   }
   Result<WriteAnswer> ReleaseSequenced(std::string_view s, std::string_view c, std::uint64_t q,
@@ -358,7 +413,8 @@ Status LogStore::Open() {
 
   MemoryStoreOptions mem;
   mem.clock = options_.clock;
-  mem.max_key_bytes = options_.max_key_bytes;
+  // A longer key (or client id, or entity) could not be read back from the log.
+  mem.max_key_bytes = std::min(options_.max_key_bytes, kMaxNameBytes);
   mem.abandoned_retention = options_.abandoned_retention;
   // Tokens carry their shard in their low bits, so the shard count must never change for a
   // store's data: it is fixed.

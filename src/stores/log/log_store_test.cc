@@ -468,6 +468,114 @@ TEST_F(LogStoreTest, StartBatchFailsTheAnswersOfAFailedSync) {
   ASSERT_FALSE(after.begins[0].has_value());
 }
 
+// The log's frames hold at most kMaxFrameBytes: a longer record could be written but never read
+// back, and the store would refuse to open. So a response over kMaxResponseBytes is refused
+// before anything changes, in memory or on disk, and one at the limit survives a reopen.
+TEST_F(LogStoreTest, AResponseTooLongForTheLogIsRefusedAndOneAtTheLimitSurvivesAReopen) {
+  const std::string too_long(log::kMaxResponseBytes + 1, 'x');
+  {
+    auto s = Open(Options());
+    const Token token = Acquire(*s, "big");
+    auto c = s->Complete({"t", "big", token, Outcome::kSuccess, too_long, kRetention});
+    ASSERT_FALSE(c);
+    EXPECT_EQ(c.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.error().message(), HasSubstr(std::to_string(log::kMaxResponseBytes)));
+    auto r = s->Get("t", "big");
+    ASSERT_TRUE(r && r->has_value());
+    EXPECT_EQ((*r)->state, RecordState::kInProgress) << "refused before the engine changed it";
+    auto retry = s->Complete({"t", "big", token, Outcome::kSuccess, "small", kRetention});
+    ASSERT_TRUE(retry) << retry.error().ToString();
+    EXPECT_EQ(*retry, WriteAnswer::kApplied);
+
+    // The longest scope with the longest response still fits in one frame.
+    const std::string scope(kMaxScopeBytes, 's');
+    const std::string at_limit(log::kMaxResponseBytes, 'y');
+    auto a = s->Begin({scope, "max", std::nullopt, kLease});
+    ASSERT_TRUE(a && std::holds_alternative<Acquired>(*a));
+    auto m = s->Complete(
+        {scope, "max", std::get<Acquired>(*a).token, Outcome::kSuccess, at_limit, kRetention});
+    ASSERT_TRUE(m) << m.error().ToString();
+    EXPECT_EQ(*m, WriteAnswer::kApplied);
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  auto big = s->Begin({"t", "big", std::nullopt, kLease});
+  ASSERT_TRUE(big && std::holds_alternative<Replay>(*big));
+  EXPECT_EQ(std::get<Replay>(*big).response, "small");
+  auto max = s->Begin({std::string(kMaxScopeBytes, 's'), "max", std::nullopt, kLease});
+  ASSERT_TRUE(max && std::holds_alternative<Replay>(*max));
+  EXPECT_EQ(std::get<Replay>(*max).response.size(), log::kMaxResponseBytes);
+  EXPECT_TRUE(warnings_.empty());
+}
+
+TEST_F(LogStoreTest, EveryWayToCompleteRefusesAResponseTooLongForTheLog) {
+  const std::string too_long(log::kMaxResponseBytes + 1, 'x');
+  {
+    auto s = Open(Options());
+    const Token a = Acquire(*s, "a"), b = Acquire(*s, "b"), c = Acquire(*s, "c"),
+                d = Acquire(*s, "d");
+    const std::vector<CompleteRequest> batch = {
+        {"t", "a", a, Outcome::kSuccess, too_long, kRetention},
+        {"t", "b", b, Outcome::kSuccess, "response-b", kRetention}};
+    auto answers = s->CompleteBatch(batch);
+    ASSERT_EQ(answers.size(), 2u);
+    ASSERT_FALSE(answers[0]);
+    EXPECT_EQ(answers[0].error().code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(answers[1]) << answers[1].error().ToString();
+    EXPECT_EQ(*answers[1], WriteAnswer::kApplied);
+
+    const std::vector<CompleteRequest> completes = {
+        {"t", "c", c, Outcome::kSuccess, "response-c", kRetention},
+        {"t", "d", d, Outcome::kSuccess, too_long, kRetention}};
+    const std::vector<BeginRequest> begins = {{"t", "e", std::nullopt, kLease}};
+    const BatchAnswers started = StartAndWait(*s, begins, completes);
+    ASSERT_EQ(started.completes.size(), 2u);
+    ASSERT_TRUE(started.completes[0]) << started.completes[0].error().ToString();
+    EXPECT_EQ(*started.completes[0], WriteAnswer::kApplied);
+    ASSERT_FALSE(started.completes[1]);
+    EXPECT_EQ(started.completes[1].error().code(), StatusCode::kInvalidArgument);
+    ASSERT_EQ(started.begins.size(), 1u);
+    EXPECT_TRUE(IsAcquiredAnswer(started.begins[0]));
+
+    ASSERT_TRUE(s->OpenSession({"t", "client", milliseconds(3'600'000), 8}));
+    auto q = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+    ASSERT_TRUE(q && std::holds_alternative<Acquired>(*q));
+    auto sc = s->CompleteSequenced(
+        {"t", "client", 1, std::get<Acquired>(*q).token, Outcome::kSuccess, too_long});
+    ASSERT_FALSE(sc);
+    EXPECT_EQ(sc.error().code(), StatusCode::kInvalidArgument);
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  ExpectReplay(*s, "b");
+  ExpectReplay(*s, "c");
+  for (const std::string k : {"a", "d", "e"}) {
+    auto r = s->Get("t", k);
+    ASSERT_TRUE(r && r->has_value()) << k;
+    EXPECT_EQ((*r)->state, RecordState::kInProgress) << k;
+  }
+  auto q = s->BeginSequenced({"t", "client", 1, 0, std::nullopt, kLease});
+  ASSERT_TRUE(q);
+  EXPECT_TRUE(std::holds_alternative<Busy>(*q)) << BeginAnswerName(*q);
+}
+
+TEST_F(LogStoreTest, KeysAreLimitedToWhatTheLogHoldsWhateverTheOption) {
+  LogStoreOptions o = Options();
+  o.max_key_bytes = log::kMaxNameBytes + 1;
+  const std::string longest(log::kMaxNameBytes, 'k');
+  {
+    auto s = Open(o);
+    ASSERT_NE(s, nullptr);
+    auto r = s->Begin({"t", longest + "k", std::nullopt, kLease});
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+    Cycle(*s, longest);
+  }
+  auto s = Open(o);
+  ASSERT_NE(s, nullptr);
+  ExpectReplay(*s, longest);
+}
+
 TEST_F(LogStoreTest, SyncAlwaysSurvivesAPowerFailure) {
   FaultyFileSystem faulty;
   std::vector<std::string> acknowledged;

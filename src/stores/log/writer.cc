@@ -177,6 +177,9 @@ std::uint64_t LogWriter::Append(const Entry& e) {
   thread_local std::string scratch;
   scratch.clear();
   EncodeEntry(e, &scratch);
+  // The store refuses what would not fit before the engine changes anything (kMaxResponseBytes):
+  // a frame too long to read back would keep the store from opening.
+  IDEM_CHECK(scratch.size() <= kMaxFrameBytes);
   std::unique_lock lock(mu_);
   while (pending_.size() >= options_.max_pending_bytes && failed_.ok() && !stop_) {
     space_cv_.wait(lock);
