@@ -54,7 +54,6 @@ int RunVerify(const Command& self, const Args& args) {
     std::cout << "torn tail  no\n";
   }
   for (const std::string& d : report->damage) std::cout << "damage     " << d << "\n";
-  if (report->files == 0) std::cerr << "idem store verify: " << *dir << " holds no log files\n";
   if (!report->ok()) {
     std::cout << "result     damaged\n";
     return Failure(self, *dir + " is damaged in " + std::to_string(report->damage.size()) +
@@ -113,9 +112,11 @@ tail alone is ok), and one line per damaged place: "FILE offset N: what".
 When stderr is a terminal, shows progress on one updating line.
 
 DIR is the store's directory (a log:DIR store URL is accepted too). The store must
-not be open: stop the server that uses it first.
+not be open: stop the server that uses it first. A directory holding no log files
+(a mistyped path) is a failure, not an empty store.
 
-Exit status: 0 intact (or only a torn tail), 1 damaged or unreadable, 2 usage error.
+Exit status: 0 intact (or only a torn tail), 1 damaged, unreadable or no store in
+DIR, 2 usage error.
 )help",
       .flags = {},
       .arg_names = {"DIR"},

@@ -590,6 +590,21 @@ TEST_F(LogStoreCliTest, VerifyFindsDamageAndRepairDropsIt) {
   EXPECT_THAT(r.out, HasSubstr("response     100 bytes\n"));
 }
 
+// A directory with no log files is no store (say, a mistyped path): verify and repair fail
+// rather than report it ok, and create nothing in it.
+TEST_F(CliTest, VerifyAndRepairOfADirectoryWithoutAStoreFailAndCreateNothing) {
+  const fs::path empty = dir_ / "empty";
+  fs::create_directories(empty);
+  ProcessRun r = RunIdem({"store", "verify", empty.string()});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, AllOf(HasSubstr(empty.string()), HasSubstr("no log store")));
+  EXPECT_THAT(r.out, Not(HasSubstr("result     ok")));
+  r = RunIdem({"store", "repair", empty.string()});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("no log store"));
+  EXPECT_TRUE(fs::is_empty(empty)) << "no LOCK, no backup directory";
+}
+
 TEST_F(CliTest, VerifyOfAMissingDirectoryFails) {
   ProcessRun r = RunIdem({"store", "verify", (dir_ / "nope").string()});
   EXPECT_EQ(r.exit_code, 1) << r;

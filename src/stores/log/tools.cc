@@ -38,8 +38,15 @@ Result<std::vector<OpenedFile>> OpenReplayFiles(FileSystem& fs, const std::strin
   return out;
 }
 
+// Locks a store's directory for verify or repair. A directory without a segment or snapshot
+// is no store (most likely a mistyped path): kNotFound, and nothing is created in it.
 Status Locked(FileSystem& fs, const std::string& dir, std::unique_ptr<DirLock>* lock) {
   if (!fs.Exists(dir)) return NotFoundError(dir + ": no such directory");
+  auto listed = ListLogFiles(fs, dir);
+  if (!listed) return listed.error();
+  if (listed->snapshots.empty() && listed->segments.empty()) {
+    return NotFoundError(dir + ": no log store here (no segment or snapshot file)");
+  }
   auto l = fs.Lock(dir + "/LOCK");
   if (!l) return l.error();
   *lock = std::move(*l);
