@@ -12,7 +12,9 @@
 #include <utility>
 #include <variant>
 
+#include "core/machine.h"
 #include "gateway/config_values.h"
+#include "idem/key.h"
 #include "idem/stores/log.h"
 #include "idem/stores/postgres.h"
 #include "idem/stores/redis.h"
@@ -233,8 +235,10 @@ const std::vector<Option>& Options() {
        "request header whose value's hash scopes keys (a credential or tenant id)"},
       {"key_header", Kind::kHeaderName, &Config::key_header, "NAME",
        "request header carrying the idempotency key"},
+      // Not above the stores' fixed limit: a longer key would pass here and the store would
+      // refuse it (idem/key.h).
       {"max_key_bytes", Kind::kCount, &Config::max_key_bytes, "N", "longer keys are answered 400",
-       1, kNoMax},
+       1, kDefaultMaxKeyBytes},
       {"max_body_bytes", Kind::kSize, &Config::max_body_bytes, "SIZE",
        "larger request bodies are answered 413"},
       {"max_header_bytes", Kind::kSize, &Config::max_header_bytes, "SIZE",
@@ -658,6 +662,10 @@ Status ParseRoute(std::string_view file, const toml::table& t, Draft& draft,
         wait_at = where;
       } else if (d->count() == 0) {
         return fail("must be above 0");
+      } else if (*d > core::kMaxDuration) {
+        // Every store refuses longer ones (core::DurationInRange): each keyed request would
+        // fail at the store.
+        return fail(FormatDuration(*d) + " is above the stores' limit of 100 years");
       } else if (key == "lease") {
         route.lease = *d;
         origin = {where, true};

@@ -400,6 +400,20 @@ TEST(GatewayConfigFile, ZeroLeaseOrRetention) {
             "idemd.toml:4: route.retention: must be above 0");
 }
 
+// The stores refuse longer keys and durations (idem/key.h, core::kMaxDuration): a config
+// allowing them would make every such request fail at the store.
+TEST(GatewayConfigFile, LimitsTheStoresEnforce) {
+  EXPECT_TRUE(ParseConfig("max_key_bytes = 255\n", "idemd.toml"));
+  EXPECT_EQ(Error("max_key_bytes = 256\n"),
+            "idemd.toml:1: max_key_bytes: 256 is above the maximum, 255");
+  EXPECT_THAT(FlagError({"--max-key-bytes", "4096"}), HasSubstr("is above the maximum, 255"));
+  EXPECT_TRUE(ParseConfig("[[route]]\nprefix = \"/\"\nretention = \"36500d\"\n", "idemd.toml"));
+  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nretention = \"36700d\"\n"),
+              StartsWith("idemd.toml:3: route.retention: 36700d is above the stores' limit"));
+  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nlease = \"40000d\"\n"),
+              StartsWith("idemd.toml:3: route.lease: 40000d is above the stores' limit"));
+}
+
 TEST(GatewayConfigFile, LeaseMustExceedUpstreamTimeout) {
   EXPECT_EQ(Error("upstream_timeout = \"30s\"\n[[route]]\nprefix = \"/\"\nlease = \"30s\"\n"),
             "idemd.toml:4: route.lease: 30s must be longer than upstream_timeout (30s, set at "

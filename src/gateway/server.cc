@@ -780,6 +780,18 @@ struct Server::Impl {
       Result<BeginAnswer> answer = co_await StoreBegin(w, begin);
       metrics.store.store_begin_seconds->ObserveDuration(SteadyClock::now() - t0);
       CountBegin(metrics.store, answer);
+      if (!answer && answer.error().code() == StatusCode::kInvalidArgument) {
+        // The store refuses this request's input: the config bounds everything else it checks
+        // (durations, max_key_bytes, the scope), so what is left is the key, e.g. longer than a
+        // store URL's own max_key_bytes. A retry with the same key fails the same way, so this
+        // is §6's "key too long" 400, never a retryable 503.
+        log.Write(Level::kWarn,
+                  Cat("event=store_refused op=begin error=\"", answer.error().ToString(), "\""));
+        co_return Answer{
+            MakeProblem(req, problems::InvalidKey("the idempotency store does not accept this key "
+                                                  "(longer than the store's limit?)")),
+            Outcome::kBadRequest};
+      }
       if (!answer) {
         log.Write(Level::kWarn,
                   Cat("event=store_error op=begin error=\"", answer.error().ToString(), "\""));

@@ -1020,5 +1020,29 @@ TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKe
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
+// A store that refuses the request's input (here a key above a store's own max_key_bytes, as
+// redis://...?max_key_bytes=N sets) is 400 like any key that is too long: a retry with the same
+// key fails the same way, so a retryable 503 would have clients retry forever.
+TEST_F(GatewayTest, AKeyTheStoreRefusesIs400NotARetryable503) {
+  std::unique_ptr<Store> store = NewMemoryStore({.max_key_bytes = 8});
+  gateway::Config config;
+  config.listen = {"127.0.0.1", 0};
+  config.admin = {"127.0.0.1", 0};
+  config.upstream = "http://127.0.0.1:" + std::to_string(ledger_port_);
+  config.threads = 1;
+  config.log_level = "error";
+  Registry registry;
+  auto server = gateway::Server::Start(config, *store, registry);
+  ASSERT_TRUE(server.has_value()) << server.status().ToString();
+  port_ = (*server)->listening().port;
+  const HttpResponse refused = Charge("longer-than-eight");
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_TRUE(refused.Header("Retry-After").empty());
+  EXPECT_EQ(refused.Header("Content-Type"), "application/problem+json");
+  EXPECT_EQ(Charge("short").status, 201);
+  EXPECT_EQ(LedgerCharges(), 1);
+  (*server)->Shutdown();
+}
+
 }  // namespace
 }  // namespace idem::testing
