@@ -1070,7 +1070,8 @@ std::string HelpText() {
   out += row("wait = \"" + FormatDuration(r.wait) + "\"", "the bound on that wait");
   out += row("stored_statuses = [...]", "upstream statuses stored and replayed; any other");
   out += row("", "status releases the key so a retry runs again: \"404\",");
-  out += row("", "\"200-299\", \"4xx\" or 404 (default: [" + statuses + "])");
+  out += row("", "\"200-299\", \"4xx\" or 404; default, all but \"retry later\":");
+  out += row("", "[" + statuses + "]");
   out += row("lease = \"" + FormatDuration(r.lease) + "\"",
              "how long a key is held for the first request; must be");
   out += row("", "longer than upstream_timeout");

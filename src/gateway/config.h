@@ -62,8 +62,10 @@ struct Route {
   InFlightPolicy in_flight = InFlightPolicy::kReject;
   std::chrono::milliseconds wait{10'000};  // bound for kWait
   // Upstream statuses whose response is stored and replayed; others release the key. 1xx
-  // answers are interim: idemd drops them and waits for the final one.
-  std::vector<StatusRange> stored_statuses{{200, 499}};
+  // answers are interim: idemd drops them and waits for the final one. 408, 409 (the
+  // upstream's own in-progress conflict), 425 and 429 mean "retry later": stored, they would be
+  // replayed for the whole retention and a client obeying Retry-After could never succeed.
+  std::vector<StatusRange> stored_statuses{{200, 407}, {410, 424}, {426, 428}, {430, 499}};
   std::chrono::milliseconds lease{60'000};  // must exceed upstream_timeout
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::string scope{};  // store scope (before the principal is added); loading sets = prefix

@@ -393,6 +393,21 @@ TEST(GatewayConfigFile, RouteEnumsAndStatuses) {
               StartsWith("idemd.toml:3: route.scope: is empty"));
 }
 
+// "Retry later" answers are not stored by default, so a retry obeying Retry-After runs again.
+TEST(GatewayConfigFile, DefaultStoredStatusesLeaveOutRetryLater) {
+  auto c = ParseConfig("[[route]]\nprefix = \"/\"\n", "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  for (const Route& r : {c->routes.at(0), Route{}}) {
+    for (unsigned status :
+         {200u, 201u, 299u, 400u, 404u, 407u, 410u, 422u, 424u, 426u, 428u, 430u, 499u}) {
+      EXPECT_TRUE(r.Stores(status)) << status;
+    }
+    for (unsigned status : {100u, 199u, 408u, 409u, 425u, 429u, 500u, 503u}) {
+      EXPECT_FALSE(r.Stores(status)) << status;
+    }
+  }
+}
+
 TEST(GatewayConfigFile, ZeroLeaseOrRetention) {
   EXPECT_EQ(Error("[[route]]\nprefix = \"/\"\nlease = \"0s\"\n"),
             "idemd.toml:3: route.lease: must be above 0");
@@ -572,7 +587,7 @@ TEST(GatewayConfigHelp, NamesEveryOptionWithItsDefault) {
                            "in_flight = ",
                            "wait = \"10s\"",
                            "stored_statuses = ",
-                           "(default: [\"200-499\"])",
+                           "[\"200-407\", \"410-424\", \"426-428\", \"430-499\"]",
                            "lease = \"1m\"",
                            "retention = \"1d\"",
                            "scope = ",

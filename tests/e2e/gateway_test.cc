@@ -745,6 +745,29 @@ TEST_F(GatewayTest, UpstreamSwitchingProtocolsIs502AndReleasesTheKey) {
   EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
 }
 
+// "Retry later" answers (429 here; 408, 409, 425 likewise) are not stored by default: a client
+// obeying Retry-After reaches the upstream again instead of getting the 429 replayed.
+TEST_F(GatewayTest, ARetryAfterAnUpstream429ReachesTheUpstream) {
+  std::atomic<int> calls{0};
+  FakeUpstream upstream([&](int fd, const std::string&) {
+    if (calls++ == 0) {
+      SendAll(fd,
+              "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0\r\nContent-Length: 4\r\n\r\n"
+              "slow");
+    } else {
+      SendAll(fd, Created("ok"));
+    }
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const HttpResponse first = Post(port_, "/charges", {{"Idempotency-Key", "r1"}});
+  EXPECT_EQ(first.status, 429);
+  const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "r1"}});
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
+  EXPECT_EQ(calls.load(), 2);
+}
+
 // RFC 9112 §3.2.2: a server must accept absolute-form; it is routed and forwarded as its path.
 TEST_F(GatewayTest, AbsoluteFormTargetsAreRoutedAndForwardedAsTheirPath) {
   FakeUpstream upstream([](int fd, const std::string&) {
