@@ -141,14 +141,34 @@ bool IsJsonContentType(std::string_view content_type) {
          EqualsIgnoreCase(subtype.substr(subtype.size() - kSuffix.size()), kSuffix);
 }
 
+// Whether a Content-Encoding value names any coding other than identity ("gzip", "br, gzip").
+bool IsEncoded(std::string_view content_encoding) {
+  while (!content_encoding.empty()) {
+    const std::size_t comma = content_encoding.find(',');
+    std::string_view coding = content_encoding.substr(0, comma);
+    content_encoding.remove_prefix(comma == std::string_view::npos ? content_encoding.size()
+                                                                   : comma + 1);
+    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
+      coding.remove_prefix(1);
+    }
+    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
+      coding.remove_suffix(1);
+    }
+    if (!coding.empty() && !EqualsIgnoreCase(coding, "identity")) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Result<Fingerprint> RequestFingerprint(std::string_view method, std::string_view target,
-                                       std::string_view content_type, std::string_view body) {
+                                       std::string_view content_type, std::string_view body,
+                                       std::string_view content_encoding) {
   // The body's kind is hashed too: the same bytes sent as JSON and as something else are
   // different requests. An empty body is bytes whatever the content type says, since clients
-  // send "Content-Type: application/json" on empty POSTs.
-  if (!body.empty() && IsJsonContentType(content_type)) {
+  // send "Content-Type: application/json" on empty POSTs. A compressed body is bytes too: the
+  // canonicaliser would only see gzip and refuse it.
+  if (!body.empty() && IsJsonContentType(content_type) && !IsEncoded(content_encoding)) {
     Result<std::string> canonical = CanonicalizeJson(body);
     if (!canonical) {
       return InvalidArgumentError("the JSON body does not parse: " + canonical.error().message());

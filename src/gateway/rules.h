@@ -32,9 +32,13 @@ Result<std::string> ParseIdempotencyKey(std::string_view value, std::size_t max_
 // RFC 8785 first, so re-serialised JSON is the same request; a JSON body that does not parse
 // is an error (kInvalidArgument). Other bodies, and empty ones, are hashed as bytes; whether
 // the body was JSON is part of the hash. Method and target are length-prefixed so no two
-// (method, target, body) triples share an input.
+// (method, target, body) triples share an input. A body with a Content-Encoding other than
+// identity (gzip, br, ...; `content_encoding` is the header's value, a comma list for several
+// codings) is hashed as bytes whatever its content type: it is not JSON text until decoded,
+// and idemd does not decode it.
 Result<Fingerprint> RequestFingerprint(std::string_view method, std::string_view target,
-                                       std::string_view content_type, std::string_view body);
+                                       std::string_view content_type, std::string_view body,
+                                       std::string_view content_encoding = {});
 
 // The store scope for a request: the route's scope plus a hash of the principal's credential
 // (e.g. the Authorization header value), so two principals that reuse one key never share a

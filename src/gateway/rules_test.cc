@@ -219,6 +219,25 @@ TEST(RequestFingerprintTest, InvalidJsonIsAnError) {
   EXPECT_FALSE(RequestFingerprint("POST", "/", "application/problem+json", "{").has_value());
 }
 
+// A compressed JSON body is not JSON text until decoded: it is hashed as its bytes, not
+// refused as invalid JSON.
+TEST(RequestFingerprintTest, EncodedBodiesAreHashedAsBytes) {
+  const std::string_view gzip("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xab\xae\x05\x00", 14);
+  for (std::string_view coding : {"gzip", "GZIP", "br", " deflate ", "identity, gzip", "x-gzip"}) {
+    Result<Fingerprint> fp = RequestFingerprint("POST", "/", "application/json", gzip, coding);
+    ASSERT_TRUE(fp.has_value()) << coding << ": " << fp.error().ToString();
+    EXPECT_EQ(*fp, FingerprintParts({"POST", "/", "bytes", gzip})) << coding;
+  }
+  // identity (or nothing) is no encoding: the JSON is still canonicalised, and checked.
+  for (std::string_view coding : {"", "identity", " Identity ", "identity, identity"}) {
+    EXPECT_EQ(*RequestFingerprint("POST", "/", "application/json", R"({ "a":1})", coding),
+              FingerprintParts({"POST", "/", "json", R"({"a":1})"}))
+        << coding;
+    EXPECT_FALSE(RequestFingerprint("POST", "/", "application/json", gzip, coding).has_value())
+        << coding;
+  }
+}
+
 TEST(RequestFingerprintTest, OtherBodiesAreHashedAsBytes) {
   // Not JSON by content type: no parse, so anything goes, and whitespace matters.
   EXPECT_EQ(Fp("POST", "/", "text/plain", "{"), Fp("POST", "/", "text/plain", "{"));

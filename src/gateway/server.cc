@@ -757,8 +757,13 @@ struct Server::Impl {
       co_return Answer{MakeProblem(req, problems::InvalidKey(key.error().message())),
                        Outcome::kBadRequest};
     }
+    std::string encoding;  // every Content-Encoding line, as one list
+    for (const auto& field : req.equal_range(http::field::content_encoding)) {
+      if (!encoding.empty()) encoding += ',';
+      encoding.append(field.value());
+    }
     auto fp = RequestFingerprint(method, target, std::string_view(req[http::field::content_type]),
-                                 req.body());
+                                 req.body(), encoding);
     if (!fp) {
       co_return Answer{MakeProblem(req, problems::InvalidBody(fp.error().message())),
                        Outcome::kBadRequest};
