@@ -515,19 +515,23 @@ Status KafkaBroker::Settle() {
   // An earlier failure matters only if what it failed to commit is still not committed at the
   // end: its offsets went again since.
   commit_error_ = Status();
-  // One bound for the whole call: a cluster that did not answer the commit in flight in time
-  // is not waited for again; one that answered with an error gets the pending offsets again.
+  // One bound for the whole call. A cluster that did not answer the commit in flight in time
+  // is not waited for again: that failure is the answer. One that answered with an error gets
+  // the pending offsets again, and the answer to those decides.
   const auto deadline = SteadyClock::now() + CommitTimeout();
-  Status failure = AwaitCommit(CommitTimeout());
+  Status first = AwaitCommit(CommitTimeout());
   if (Status s = SendPending(); !s.ok()) return s;
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
-  if (Status s = AwaitCommit(std::max(left, std::chrono::milliseconds(0))); !s.ok()) {
-    failure = std::move(s);
+  if (left <= std::chrono::milliseconds(0)) {
+    if (!first.ok()) return first;
+    if (!HasUncommitted()) return {};
+    return UnavailableError("kafka: commit not answered within " +
+                            std::to_string(CommitTimeout().count()) + " ms");
   }
-  if (!HasUncommitted()) return {};
-  if (!failure.ok()) return failure;
-  return UnavailableError("kafka: commit not answered within " +
-                          std::to_string(CommitTimeout().count()) + " ms");
+  if (Status s = AwaitCommit(left); !s.ok()) return s;
+  // Offsets of partitions revoked meanwhile are their new owner's: it reads those messages
+  // again, and the store answers Replay.
+  return {};
 }
 
 bool KafkaBroker::HasUncommitted() const {
