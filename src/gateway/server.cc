@@ -758,9 +758,9 @@ struct Server::Impl {
                        Outcome::kBadRequest};
     }
     std::string encoding;  // every Content-Encoding line, as one list
-    for (const auto& field : req.equal_range(http::field::content_encoding)) {
+    for (auto [it, end] = req.equal_range(http::field::content_encoding); it != end; ++it) {
       if (!encoding.empty()) encoding += ',';
-      encoding.append(field.value());
+      encoding.append(it->value());
     }
     auto fp = RequestFingerprint(method, target, std::string_view(req[http::field::content_type]),
                                  req.body(), encoding);

@@ -15,7 +15,7 @@ namespace idem {
 
 struct MemoryStoreOptions {
   Clock* clock = nullptr;  // nullptr: Clock::System(). Must outlive the store.
-  std::size_t max_key_bytes = kDefaultMaxKeyBytes;
+  std::size_t max_key_bytes = kDefaultMaxKeyBytes;  // at most 65535: larger values are capped
   // An IN_PROGRESS record whose lease ran out stays this long (for a takeover with
   // attempt+1) before it is reclaimed as abandoned.
   std::chrono::milliseconds abandoned_retention{24 * 3600 * 1000};

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,9 +52,10 @@ constexpr std::size_t kReapMinPerTick = std::size_t{1} << 16;
 constexpr std::size_t kBatchChunk = 64;
 constexpr std::uint32_t kNoScope = 0xFFFFFFFF;
 constexpr std::size_t kMaxShards = std::size_t{1} << 16;
-// Replayed keys were validated when they were first stored, under whatever limit was then in
-// force; recovery accepts any key a store can hold.
-constexpr std::size_t kMaxStoredKeyBytes = 65535;
+// The longest key a record can hold: a long key lives in the record's blob with a 16-bit
+// length (BlobHeader). Replayed keys were validated when they were first stored, under
+// whatever limit was then in force; recovery accepts any key a store can hold.
+constexpr std::size_t kMaxStoredKeyBytes = std::numeric_limits<std::uint16_t>::max();
 
 // A test-and-test-and-set lock: taking it is one atomic exchange and releasing it a plain
 // store, for critical sections of a few hundred nanoseconds. Waiters back off, then yield.
@@ -181,7 +183,7 @@ std::string CompositeKey(std::string_view scope, std::string_view name) {
 // A record's out-of-line bytes: header, long key, fingerprint, response.
 struct BlobHeader {
   std::uint32_t response_size;
-  std::uint16_t key_size;
+  std::uint16_t key_size;  // hence kMaxStoredKeyBytes
   std::uint8_t has_fingerprint;
   std::uint8_t unused;
 };
@@ -628,7 +630,8 @@ MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journ
     : clock_(options.clock != nullptr ? options.clock : &Clock::System()),
       journal_(journal),
       fixed_shards_(journal != nullptr),
-      max_key_bytes_(options.max_key_bytes),
+      // A long key is kept in its record's blob with a 16-bit length.
+      max_key_bytes_(std::min<std::size_t>(options.max_key_bytes, kMaxStoredKeyBytes)),
       abandoned_retention_(options.abandoned_retention) {
   std::size_t n = options.shards;
   if (n == 0) n = std::max<std::size_t>(64, 4 * std::thread::hardware_concurrency());

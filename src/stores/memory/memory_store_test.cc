@@ -152,6 +152,24 @@ TEST_F(MemoryStoreTest, KeysOfEveryFormRoundTripThroughGet) {
   EXPECT_FALSE(store->Get("scope", "0123456789abcdef0123456789abcdeF")->has_value());
 }
 
+// A long key lives in its record's blob with a 16-bit length: a larger max_key_bytes is capped
+// there, and a key over it is refused like any key over the limit (it used to overflow).
+TEST_F(MemoryStoreTest, KeysAreLimitedTo65535BytesWhateverTheOption) {
+  MemoryStoreOptions o;
+  o.clock = &clock_;
+  o.reclaim_interval = milliseconds(0);
+  o.max_key_bytes = 1 << 20;
+  auto store = NewMemoryStore(o);
+  const std::string longest(65535, 'k');
+  MustComplete(*store, "s", longest, MustAcquire(*store, "s", longest), "r");
+  auto got = store->Get("s", longest);
+  ASSERT_TRUE(got && got->has_value()) << got.status().ToString();
+  EXPECT_EQ((*got)->key, longest);
+  auto over = store->Begin({"s", std::string(65536, 'k'), std::nullopt, milliseconds(1000)});
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(MemoryStoreTest, FingerprintResponseAndEveryFieldRoundTrip) {
   auto store = Make();
   const std::string key(200, 'q');
