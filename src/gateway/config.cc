@@ -271,8 +271,9 @@ const Option* FindOption(std::string_view name) {
   return nullptr;
 }
 
-constexpr std::string_view kRouteKeys[] = {"prefix", "methods",   "key",   "in_flight",      "wait",
-                                           "lease",  "retention", "scope", "stored_statuses"};
+constexpr std::string_view kRouteKeys[] = {
+    "prefix", "methods",   "key",   "in_flight",       "wait",
+    "lease",  "retention", "scope", "stored_statuses", "anonymous"};
 bool IsRouteKey(std::string_view name) {
   return std::find(std::begin(kRouteKeys), std::end(kRouteKeys), name) != std::end(kRouteKeys);
 }
@@ -607,7 +608,8 @@ Status ParseRoute(std::string_view file, const toml::table& t, Draft& draft,
       if (!v->is_string()) return WrongType(*v, "a string");
       return v->as_string()->get();
     };
-    if (key == "prefix" || key == "scope" || key == "key" || key == "in_flight") {
+    if (key == "prefix" || key == "scope" || key == "key" || key == "in_flight" ||
+        key == "anonymous") {
       auto s = string_value();
       if (!s) return fail(s.error().message());
       if (key == "prefix") {
@@ -634,6 +636,14 @@ Status ParseRoute(std::string_view file, const toml::table& t, Draft& draft,
           route.key = KeyMode::kOff;
         } else {
           return fail(Quote(*s) + " is not one of \"required\", \"optional\", \"off\"");
+        }
+      } else if (key == "anonymous") {
+        if (*s == "shared") {
+          route.anonymous = AnonymousPolicy::kShared;
+        } else if (*s == "refuse") {
+          route.anonymous = AnonymousPolicy::kRefuse;
+        } else {
+          return fail(Quote(*s) + " is not one of \"shared\", \"refuse\"");
         }
       } else if (*s == "reject") {
         route.in_flight = InFlightPolicy::kReject;
@@ -1068,6 +1078,8 @@ std::string HelpText() {
   out += row("in_flight = \"reject\"", "a retry while the first request is still upstream:");
   out += row("", "\"reject\" answers 409, \"wait\" waits for the first one's answer");
   out += row("wait = \"" + FormatDuration(r.wait) + "\"", "the bound on that wait");
+  out += row("anonymous = \"shared\"", "a request with a key but no principal_header value:");
+  out += row("", "\"shared\": one scope for all such clients; \"refuse\": 400");
   out += row("stored_statuses = [...]", "upstream statuses stored and replayed; any other");
   out += row("", "status releases the key so a retry runs again: \"404\",");
   out += row("", "\"200-299\", \"4xx\" or 404; default, all but \"retry later\":");

@@ -45,6 +45,9 @@ Result<UpstreamUrl> ParseUpstreamUrl(std::string_view url);
 
 enum class KeyMode : std::uint8_t { kRequired, kOptional, kOff };  // "required"|"optional"|"off"
 enum class InFlightPolicy : std::uint8_t { kReject, kWait };       // "reject" (409) | "wait"
+// A request with a key but an empty or missing principal_header: "shared" puts it in the
+// route's one anonymous scope (every such client shares it), "refuse" answers 400.
+enum class AnonymousPolicy : std::uint8_t { kShared, kRefuse };
 
 // Inclusive status ranges: "200-299", "404", "4xx".
 struct StatusRange {
@@ -60,6 +63,7 @@ struct Route {
   std::vector<std::string> methods{"POST", "PATCH"};
   KeyMode key = KeyMode::kRequired;  // kOptional: no key -> passed through untouched
   InFlightPolicy in_flight = InFlightPolicy::kReject;
+  AnonymousPolicy anonymous = AnonymousPolicy::kShared;
   std::chrono::milliseconds wait{10'000};  // bound for kWait
   // Upstream statuses whose response is stored and replayed; others release the key. 1xx
   // answers are interim: idemd drops them and waits for the final one. 408, 409 (the

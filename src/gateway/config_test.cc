@@ -87,6 +87,7 @@ stored_statuses = ["2xx", "404", "409-410", 422]
 lease = "1m"
 retention = "7d"
 scope = "charges"
+anonymous = "refuse"
 
 [[route]]
 prefix = "/v1"
@@ -129,6 +130,8 @@ TEST(GatewayConfigFile, EveryOptionRoundTrips) {
   EXPECT_EQ(charges.lease, milliseconds(60'000));
   EXPECT_EQ(charges.retention, milliseconds(7 * 24 * 3600 * 1000));
   EXPECT_EQ(charges.scope, "charges");
+  EXPECT_EQ(charges.anonymous, AnonymousPolicy::kRefuse);
+  EXPECT_EQ(c->routes[1].anonymous, AnonymousPolicy::kShared);  // the default
   EXPECT_TRUE(charges.Stores(200));
   EXPECT_TRUE(charges.Stores(299));
   EXPECT_TRUE(charges.Stores(404));
@@ -375,6 +378,9 @@ TEST(GatewayConfigFile, RoutePrefixes) {
 TEST(GatewayConfigFile, RouteEnumsAndStatuses) {
   EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nkey = \"yes\"\n"),
               StartsWith("idemd.toml:3: route.key: \"yes\" is not one of"));
+  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nanonymous = \"deny\"\n"),
+              StartsWith("idemd.toml:3: route.anonymous: \"deny\" is not one of \"shared\", "
+                         "\"refuse\""));
   EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nin_flight = \"queue\"\n"),
               StartsWith("idemd.toml:3: route.in_flight: \"queue\" is not one of"));
   EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nin_flight = \"wait\"\nwait = 0\n"),
@@ -585,6 +591,7 @@ TEST(GatewayConfigHelp, NamesEveryOptionWithItsDefault) {
                            "(default: [\"POST\", \"PATCH\"])",
                            "key = ",
                            "in_flight = ",
+                           "anonymous = \"shared\"",
                            "wait = \"10s\"",
                            "stored_statuses = ",
                            "[\"200-407\", \"410-424\", \"426-428\", \"430-499\"]",

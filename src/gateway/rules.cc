@@ -511,6 +511,12 @@ Problem InvalidKey(std::string detail) {
               std::move(detail));
 }
 
+Problem MissingPrincipal(std::string_view header) {
+  return Make(400, "https://idem.dev/problems/missing-principal", "Principal missing",
+              "This route keeps each client's keys apart and needs a " + std::string(header) +
+                  " header to know whose key this is.");
+}
+
 Problem KeyReuse(std::string_view key) {
   return Make(422, "https://idem.dev/problems/key-reuse", "Idempotency-Key reused",
               "The key " + Quote(key) +

@@ -102,8 +102,10 @@ std::string ProblemJson(const Problem& p);
 // https://idem.dev/problems/<name>, where <name> is the function's name in kebab-case
 // (missing-key, invalid-key, key-reuse, in-flight, ...); type and title never change.
 namespace problems {
-Problem MissingKey();                          // 400
-Problem InvalidKey(std::string detail);        // 400
+Problem MissingKey();                    // 400
+Problem InvalidKey(std::string detail);  // 400
+Problem MissingPrincipal(
+    std::string_view header);                  // 400: a key but no principal (anonymous = "refuse")
 Problem KeyReuse(std::string_view key);        // 422: same key, different request
 Problem InFlight(std::string_view key);        // 409: first request still upstream
 Problem StoreUnavailable(std::string detail);  // 503 (+ Retry-After from the server)

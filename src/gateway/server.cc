@@ -768,8 +768,12 @@ struct Server::Impl {
       co_return Answer{MakeProblem(req, problems::InvalidBody(fp.error().message())),
                        Outcome::kBadRequest};
     }
-    const std::string scope =
-        PrincipalScope(route->scope, std::string_view(req[config.principal_header]));
+    const std::string_view principal(req[config.principal_header]);
+    if (principal.empty() && route->anonymous == AnonymousPolicy::kRefuse) {
+      co_return Answer{MakeProblem(req, problems::MissingPrincipal(config.principal_header)),
+                       Outcome::kBadRequest};
+    }
+    const std::string scope = PrincipalScope(route->scope, principal);
     Answer a = co_await Gate(w, req, *route, scope, *key, *fp);
     a.key_hash = KeyHash(scope, *key);
     co_return a;

@@ -371,6 +371,32 @@ TEST_P(GatewayStoresTest, PrincipalsNeverSeeEachOthersResponses) {
   EXPECT_EQ(LedgerCharges(), 2);
 }
 
+// Without a credential every client lands in the route's one anonymous scope (anonymous =
+// "shared", the default): a second credential-less client with the same key gets the first's
+// answer. anonymous = "refuse" answers such a request 400 without calling the upstream.
+TEST_F(GatewayTest, RequestsWithoutAPrincipalShareOneScopeUnlessTheRouteRefusesThem) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse first = Charge("anon-1");
+  EXPECT_EQ(first.status, 201);
+  const HttpResponse other = Charge("anon-1", kCharge, {{"Authorization", ""}});
+  EXPECT_EQ(other.Header("Idempotent-Replayed"), "true");  // shared: documented, not separated
+  EXPECT_EQ(LedgerCharges(), 1);
+
+  const std::string config =
+      WriteConfig("[[route]]\nprefix = \"/charges\"\nanonymous = \"refuse\"\n");
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--config", config}));
+  for (const HttpHeaders& principal : {HttpHeaders{}, HttpHeaders{{"Authorization", ""}}}) {
+    const HttpResponse refused = Charge("anon-2", kCharge, principal);
+    EXPECT_EQ(refused.status, 400);
+    EXPECT_EQ(refused.Header("Content-Type"), "application/problem+json");
+    EXPECT_THAT(refused.body, HasSubstr("missing-principal"));
+  }
+  EXPECT_EQ(LedgerCharges(), 1);  // the upstream was not called
+  EXPECT_EQ(Charge("anon-2", kCharge, {{"Authorization", "Bearer a"}}).status, 201);
+  EXPECT_EQ(LedgerCharges(), 2);
+}
+
 TEST_P(GatewayStoresTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd(
       {"--max-body-bytes", "1024", "--max-header-bytes", "2048", "--client-timeout", "1s"}));
