@@ -1026,6 +1026,9 @@ std::string HelpText() {
   std::string out =
       "Usage: idemd [--config FILE] [--OPTION VALUE | --OPTION=VALUE ...]\n"
       "       idemd --help\n"
+      "       idemd consume --config FILE [...]   a deduplicating consumer of Kafka, NATS\n"
+      "                                           JetStream or Redis Streams: idemd consume "
+      "--help\n"
       "\n"
       "idemd is an HTTP reverse proxy that gives an upstream API Idempotency-Key semantics: the\n"
       "first request with a key is forwarded and its response stored; a retry with the same key\n"

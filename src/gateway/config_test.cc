@@ -569,6 +569,9 @@ TEST(GatewayConfigFlags, Help) {
 
 TEST(GatewayConfigHelp, NamesEveryOptionWithItsDefault) {
   const std::string help = HelpText();
+  // The other mode of the same binary.
+  EXPECT_THAT(help, HasSubstr("idemd consume --config FILE"));
+  EXPECT_THAT(help, HasSubstr("idemd consume --help"));
   for (const char* flag :
        {"--config FILE",           "--listen HOST:PORT",    "--admin",
         "--upstream URL",          "--store URL",           "--threads",

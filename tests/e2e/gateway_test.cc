@@ -579,6 +579,7 @@ TEST(IdemdCommandLine, HelpExitsZero) {
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(*status, 0);
   EXPECT_THAT(child->Stdout(), HasSubstr("--upstream"));
+  EXPECT_THAT(child->Stdout(), HasSubstr("idemd consume"));
 }
 
 // ---- against a raw-TCP upstream, for answers the ledger never gives ----
