@@ -43,6 +43,7 @@
 #include "gateway/asio_parts.h"
 #include "gateway/rules.h"
 #include "idem/receiver.h"
+#include "idem/store_gauges.h"
 
 namespace idem::gateway {
 namespace {
@@ -623,6 +624,7 @@ struct Server::Impl {
   std::unique_ptr<asio::thread_pool> store_pool;  // null: store calls run inline
   std::vector<std::unique_ptr<Worker>> workers;
   std::unique_ptr<AdminServer> admin;
+  std::unique_ptr<StoreGauges> gauges;  // SPEC §7's gauges of the store's contents
   Endpoint bound{}, admin_bound{};
   std::atomic<bool> draining{false};
   std::atomic<int> busy_requests{0};
@@ -1117,6 +1119,7 @@ struct Server::Impl {
       }
       workers.push_back(std::move(w));
     }
+    gauges = std::make_unique<StoreGauges>(store, registry);
     auto admin_server = AdminServer::Start(config.admin, registry, [this]() -> Status {
       IDEM_RETURN_IF_ERROR(StoreReady(store));
       if (draining) return UnavailableError("draining");
@@ -1174,6 +1177,7 @@ struct Server::Impl {
         if (w->pool) w->pool->CancelAll();  // its threads are gone: no race
       }
       if (admin) admin->Stop();
+      gauges.reset();
       if (store_pool) store_pool->join();
       // The store calls back for every batch it started (failing them if it cannot write),
       // and the callbacks touch the batchers: wait for them before the workers go.

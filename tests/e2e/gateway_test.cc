@@ -442,6 +442,11 @@ TEST_F(GatewayTest, AdminServesMetricsHealthAndReadiness) {
   EXPECT_THAT(metrics->body, HasSubstr("idemd_requests_total{route=\"-\",outcome=\"replayed\"} 1"));
   EXPECT_THAT(metrics->body, HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"replay\"} 1"));
   EXPECT_THAT(metrics->body, HasSubstr("idemd_request_seconds_bucket"));
+  // SPEC §7's gauges of the store's contents, read once at start (then every 30 s).
+  EXPECT_THAT(metrics->body, HasSubstr("# TYPE idem_records gauge\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("idem_records{state=\"completed\"} "));
+  EXPECT_THAT(metrics->body, HasSubstr("# TYPE idem_store_bytes gauge\n"));
+  EXPECT_THAT(metrics->body, Not(HasSubstr("idem_store_stats_refresh_timestamp_seconds 0\n")));
 }
 
 TEST_F(GatewayTest, KillNineAfterTheUpstreamAnsweredThenARetryReplays) {
