@@ -120,6 +120,16 @@ class GatewayTest : public ::testing::Test {
   }
 
   // Writes a TOML config into the test's directory and returns its path.
+  // An in-process gateway's config: loopback on free ports, in front of the ledger.
+  gateway::Config InProcessConfig() const {
+    gateway::Config config;
+    config.listen = {"127.0.0.1", 0};
+    config.admin = {"127.0.0.1", 0};
+    config.upstream = "http://127.0.0.1:" + std::to_string(ledger_port_);
+    config.threads = 1;
+    config.log_level = "error";
+    return config;
+  }
   std::string WriteConfig(std::string_view toml) {
     const auto path = dir_ / "idemd.toml";
     std::ofstream(path) << toml;
@@ -1024,12 +1034,7 @@ TEST_F(GatewayTest, AfterSigtermCancelsUpstreamCallsNoNewOneStarts) {
 class GatewayStoreFailureTest : public GatewayTest {
  protected:
   void StartServer() {
-    gateway::Config config;
-    config.listen = {"127.0.0.1", 0};
-    config.admin = {"127.0.0.1", 0};
-    config.upstream = "http://127.0.0.1:" + std::to_string(ledger_port_);
-    config.threads = 1;
-    config.log_level = "error";
+    const gateway::Config config = InProcessConfig();
     auto server = gateway::Server::Start(config, faulty_, registry_);
     ASSERT_TRUE(server.has_value()) << server.status().ToString();
     server_ = std::move(*server);
@@ -1080,12 +1085,7 @@ TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKe
 // key fails the same way, so a retryable 503 would have clients retry forever.
 TEST_F(GatewayTest, AKeyTheStoreRefusesIs400NotARetryable503) {
   std::unique_ptr<Store> store = NewMemoryStore({.max_key_bytes = 8});
-  gateway::Config config;
-  config.listen = {"127.0.0.1", 0};
-  config.admin = {"127.0.0.1", 0};
-  config.upstream = "http://127.0.0.1:" + std::to_string(ledger_port_);
-  config.threads = 1;
-  config.log_level = "error";
+  const gateway::Config config = InProcessConfig();
   Registry registry;
   auto server = gateway::Server::Start(config, *store, registry);
   ASSERT_TRUE(server.has_value()) << server.status().ToString();
