@@ -131,15 +131,11 @@ namespace {
 // Durations the store would refuse only once the handler had run (Complete with a retention
 // out of range): refused before any call instead.
 Status CheckOptions(const ReceiverOptions& o) {
-  const auto check = [](std::string_view what, std::chrono::milliseconds d) {
-    if (core::DurationInRange(d)) return OkStatus();
-    return InvalidArgumentError("receiver options: " + std::string(what) + " of " +
-                                std::to_string(d.count()) +
-                                "ms is out of range (above 0, at most 100 years)");
-  };
-  IDEM_RETURN_IF_ERROR(check("lease", o.lease));
-  IDEM_RETURN_IF_ERROR(check("retention", o.retention));
-  return check("failure_retention", o.failure_retention);
+  for (Status s : {core::CheckLease(o.lease), core::CheckRetention(o.retention),
+                   core::CheckRetention(o.failure_retention)}) {
+    if (!s.ok()) return InvalidArgumentError("receiver options: " + s.message());
+  }
+  return OkStatus();
 }
 }  // namespace
 

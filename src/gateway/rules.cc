@@ -145,15 +145,9 @@ bool IsJsonContentType(std::string_view content_type) {
 bool IsEncoded(std::string_view content_encoding) {
   while (!content_encoding.empty()) {
     const std::size_t comma = content_encoding.find(',');
-    std::string_view coding = content_encoding.substr(0, comma);
+    const std::string_view coding = TrimOws(content_encoding.substr(0, comma));
     content_encoding.remove_prefix(comma == std::string_view::npos ? content_encoding.size()
                                                                    : comma + 1);
-    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
-      coding.remove_prefix(1);
-    }
-    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
-      coding.remove_suffix(1);
-    }
     if (!coding.empty() && !EqualsIgnoreCase(coding, "identity")) return true;
   }
   return false;

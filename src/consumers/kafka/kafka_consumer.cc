@@ -129,6 +129,10 @@ class KafkaBroker final : public Broker {
   Status SendPending();
   // A commit in flight, or acknowledged offsets not yet committed.
   bool HasUncommitted() const;
+  static Status NotAnswered(std::chrono::milliseconds wait) {
+    return UnavailableError("kafka: commit not answered within " + std::to_string(wait.count()) +
+                            " ms");
+  }
   // Takes the answer to the commit in flight, waiting up to `wait` for it. ok when none is in
   // flight, when it succeeded, and when `wait` is zero and it is not answered yet; kUnavailable
   // when it failed or a positive `wait` passed without an answer (it is then given up on).
@@ -525,8 +529,7 @@ Status KafkaBroker::Settle() {
   if (left <= std::chrono::milliseconds(0)) {
     if (!first.ok()) return first;
     if (!HasUncommitted()) return {};
-    return UnavailableError("kafka: commit not answered within " +
-                            std::to_string(CommitTimeout().count()) + " ms");
+    return NotAnswered(CommitTimeout());
   }
   if (Status s = AwaitCommit(left); !s.ok()) return s;
   // Offsets of partitions revoked meanwhile are their new owner's: it reads those messages
@@ -573,8 +576,7 @@ Status KafkaBroker::AwaitCommit(std::chrono::milliseconds wait) {
   if (result == nullptr) {
     if (wait <= std::chrono::milliseconds(0)) return {};
     sent_.reset();
-    return UnavailableError("kafka: commit not answered within " + std::to_string(wait.count()) +
-                            " ms");
+    return NotAnswered(wait);
   }
   const SentCommit sent = std::move(*sent_);
   sent_.reset();

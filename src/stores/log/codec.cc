@@ -83,9 +83,8 @@ class Reader {
   std::string_view in_;
 };
 
-// Decoding accepts whatever fits in a frame; the store writes no response over kMaxResponseBytes.
-constexpr std::size_t kMaxName = kMaxNameBytes;
-constexpr std::size_t kMaxResponse = kMaxFrameBytes;
+// Decoding accepts a response as long as a frame (kMaxFrameBytes); the store writes none over
+// kMaxResponseBytes.
 
 // Record layout: flags(state, outcome, has fp) created lease-created expires-created token
 // attempt [fp] response.
@@ -127,7 +126,7 @@ bool GetRecord(Reader& in, Entry* e) {
     if (!in.Raw(fp.bytes.data(), 32)) return false;
     e->fingerprint = fp;
   }
-  return in.Bytes(&e->response, kMaxResponse);
+  return in.Bytes(&e->response, kMaxFrameBytes);
 }
 
 }  // namespace
@@ -184,7 +183,7 @@ Status DecodeEntry(std::uint8_t type, std::string_view payload, Entry* out) {
     if (!in.Varint(&out->token_floor)) return bad("truncated token floor");
     return in.done() ? OkStatus() : bad("trailing bytes");
   }
-  if (!in.Bytes(&out->scope, kMaxName) || !in.Bytes(&out->name, kMaxName)) {
+  if (!in.Bytes(&out->scope, kMaxNameBytes) || !in.Bytes(&out->name, kMaxNameBytes)) {
     return bad("truncated scope or name");
   }
   bool ok = true;

@@ -157,7 +157,6 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   auto files = OpenReplayFiles(fs, dir, &total);
   if (!files) return files.error();
   LogRepairReport report;
-  if (files->empty()) return report;
   // The repaired store keeps the salt of its first file with a good header. A file of another
   // format version stops the repair before anything changes.
   std::optional<std::uint64_t> salt;
