@@ -27,6 +27,12 @@ using std::chrono::seconds;
 
 constexpr std::size_t kMaxThreads = 1024;
 constexpr std::size_t kMaxStoreThreads = 4096;
+// A stored response is the body plus at most the upstream's header block (Beast's 8 KiB
+// response header limit) and a few bytes of framing. Every store must take it in one record,
+// and the log store's limit is the smallest (64 MiB a frame, stores/log/codec.h): a body it
+// refused would leave the key IN_PROGRESS after the upstream acted, and the retry after the
+// lease would run it again. So the option stops well below that.
+constexpr std::uint64_t kMaxStoredBodyBytes = std::uint64_t{32} << 20;
 
 std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
@@ -244,7 +250,8 @@ const std::vector<Option>& Options() {
       {"max_header_bytes", Kind::kSize, &Config::max_header_bytes, "SIZE",
        "larger request header blocks are answered 431", 1, kNoMax},
       {"max_stored_body_bytes", Kind::kSize, &Config::max_stored_body_bytes, "SIZE",
-       "larger upstream bodies are not stored: the key completes, a replay answers an error"},
+       "larger upstream bodies are not stored: the key completes, a replay answers an error", 0,
+       kMaxStoredBodyBytes},
       {"strip_headers", Kind::kHeaderList, &Config::strip_headers, "NAME,...",
        "upstream response headers never stored or replayed (e.g. Set-Cookie)"},
       {"upstream_timeout", Kind::kDuration, &Config::upstream_timeout, "DURATION",
@@ -434,8 +441,11 @@ Result<Raw> RawFromFlag(Kind kind, std::string_view text) {
 std::optional<std::string> Store(const Option& o, Raw raw, Config& config) {
   if (auto* n = std::get_if<std::uint64_t>(&raw)) {
     const std::string shown = o.kind == Kind::kSize ? FormatSize(*n) : std::to_string(*n);
-    if (*n < o.min) return shown + " is below the minimum, " + std::to_string(o.min);
-    if (*n > o.max) return shown + " is above the maximum, " + std::to_string(o.max);
+    auto limit = [&](std::uint64_t v) {
+      return o.kind == Kind::kSize ? FormatSize(v) : std::to_string(v);
+    };
+    if (*n < o.min) return shown + " is below the minimum, " + limit(o.min);
+    if (*n > o.max) return shown + " is above the maximum, " + limit(o.max);
     if (*n > std::numeric_limits<std::size_t>::max()) return shown + " is too large";
     config.*std::get<std::size_t Config::*>(o.field) = static_cast<std::size_t>(*n);
     return std::nullopt;

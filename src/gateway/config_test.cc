@@ -245,6 +245,9 @@ TEST(GatewayConfigFile, BadDurationsAndSizes) {
   EXPECT_THAT(Error("max_body_bytes = \"99999999999999999999\"\n"), HasSubstr("is not a size"));
   EXPECT_THAT(Error("max_header_bytes = 0\n"),
               StartsWith("idemd.toml:1: max_header_bytes: 0 is below the minimum"));
+  // Above it, a store could refuse the stored response after the upstream acted.
+  EXPECT_EQ(Error("max_stored_body_bytes = \"33MiB\"\n"),
+            "idemd.toml:1: max_stored_body_bytes: 33MiB is above the maximum, 32MiB");
   EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nwait = \"soon\"\n"),
               StartsWith("idemd.toml:3: route.wait: \"soon\" is not a duration"));
 }
