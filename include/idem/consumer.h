@@ -191,6 +191,7 @@ struct ConsumerCounts {
   std::uint64_t redelivered = 0;    // handed back to the broker unsettled
   std::uint64_t store_errors = 0;
   std::uint64_t broker_errors = 0;  // poll, acknowledge, dead-letter or redeliver failed
+  std::uint64_t lease_lost = 0;     // keys another worker took over while this one held them
 };
 
 class Consumer {

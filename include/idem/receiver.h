@@ -135,6 +135,10 @@ class Receiver {
 
   // The key Receive would use for `message`, validated.
   Result<std::string> KeyOf(const Message& message) const;
+  // The same without a copy where it can: a view into `message` (its key, or a header's
+  // value), or into `storage` when the key had to be made (a JSON pointer's text, a
+  // fingerprint), valid while both are.
+  Result<std::string_view> KeyOf(const Message& message, std::string& storage) const;
 
   const ReceiverOptions& options() const { return options_; }
 

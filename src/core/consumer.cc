@@ -99,7 +99,11 @@ enum class Fate : std::uint8_t {
 
 struct Item {
   const BrokerMessage* message = nullptr;
-  std::string key{};
+  // A view into the message's header, or into key_storage when the key had to be made (a
+  // JSON pointer's text, a fingerprint): an Item is never moved once classified.
+  std::string_view key{};
+  std::string key_storage{};
+  std::uint32_t partition = 0;  // index into its Round's partitions
   std::optional<Fingerprint> fingerprint{};
   std::string poison_reason{};  // non-empty: dead-letter without a key
   std::string poison_error{};
@@ -134,11 +138,48 @@ struct Completion {
   std::string response{};
 };
 
+// Numbers a batch's partitions 0, 1, ... in order of first appearance (into `names`). A batch
+// has few partitions, and messages of one mostly come in runs: the last one is checked first,
+// then the few seen so far, and a hash map only once there are many.
+class PartitionIndex {
+ public:
+  explicit PartitionIndex(std::vector<std::string_view>& names) : names_(names) {}
+
+  std::uint32_t Of(std::string_view name) {
+    if (!names_.empty() && names_[last_] == name) return last_;
+    if (names_.size() <= kLinear) {
+      for (std::uint32_t p = 0; p < names_.size(); ++p) {
+        if (names_[p] == name) return last_ = p;
+      }
+      last_ = Add(name);
+      if (names_.size() > kLinear) {
+        for (std::uint32_t p = 0; p < names_.size(); ++p) by_name_.emplace(names_[p], p);
+      }
+      return last_;
+    }
+    const auto [it, inserted] =
+        by_name_.try_emplace(name, static_cast<std::uint32_t>(names_.size()));
+    if (inserted) names_.push_back(name);
+    return last_ = it->second;
+  }
+
+ private:
+  static constexpr std::size_t kLinear = 8;
+  std::uint32_t Add(std::string_view name) {
+    names_.push_back(name);
+    return static_cast<std::uint32_t>(names_.size() - 1);
+  }
+  std::vector<std::string_view>& names_;
+  std::uint32_t last_ = 0;
+  absl::flat_hash_map<std::string_view, std::uint32_t> by_name_;
+};
+
 // One polled batch on its way through the consumer. Items point into `batch`, so a Round is
 // never copied or moved once filled (it lives behind a unique_ptr).
 struct Round {
   std::vector<BrokerMessage> batch;
   std::vector<Item> items;
+  std::vector<std::string_view> partitions;  // distinct, in order of first appearance
   std::vector<Completion> completions;
   bool store_failed = false;
   bool broker_failed = false;
@@ -201,6 +242,13 @@ struct Consumer::Impl {
     if (own) (*own.*counter)->Inc(n);
   }
 
+  // A key this consumer held was taken over by another worker (SPEC §2's LeaseLost).
+  void CountLeaseLost() {
+    if (metrics) metrics->lease_lost->Inc();
+    std::lock_guard lock(counts_mu);
+    ++counts.lease_lost;
+  }
+
   void CountStoreError() {
     if (metrics) metrics->store_errors->Inc();
     std::lock_guard lock(counts_mu);
@@ -252,13 +300,13 @@ struct Consumer::Impl {
       return;
     }
     item.fingerprint = *fp;
-    auto key = keys.KeyOf(msg);
+    auto key = keys.KeyOf(msg, item.key_storage);
     if (!key) {
       item.poison_reason = PoisonReason(key.error().message());
       item.poison_error = key.error().message();
       return;
     }
-    item.key = std::move(*key);
+    item.key = *key;
   }
 
   // Publishes to the DLQ; false (counted) when the broker did not confirm.
@@ -305,7 +353,7 @@ struct Consumer::Impl {
       if (sw) metrics->handler_seconds->ObserveDuration(sw->Elapsed());
 
       if (verdict.verdict == Verdict::kSuccess) {
-        completions.push_back({index, Outcome::kSuccess, std::move(verdict.detail)});
+        completions.emplace_back(index, Outcome::kSuccess, std::move(verdict.detail));
         item.executed = true;
         return Ran::kSettled;
       }
@@ -343,7 +391,7 @@ struct Consumer::Impl {
       if (!r && metrics) metrics->store_errors->Inc();
       if (r && *r == WriteAnswer::kLeaseLost) {
         item.lease_lost = true;
-        if (metrics) metrics->lease_lost->Inc();
+        CountLeaseLost();
       }
     }
     TouchOpen(items);
@@ -420,9 +468,13 @@ struct Consumer::Impl {
     Count(&ConsumerCounts::received, &ConsumerMetrics::received, round->batch.size());
     if (own) own->batches->Inc();
     round->items.resize(round->batch.size());
+    round->completions.reserve(round->batch.size());
+    PartitionIndex index(round->partitions);
     for (std::size_t i = 0; i < round->batch.size(); ++i) {
-      round->items[i].message = &round->batch[i];
-      Classify(round->items[i]);
+      Item& item = round->items[i];
+      item.message = &round->batch[i];
+      item.partition = index.Of(item.message->partition);
+      Classify(item);
     }
     return round;
   }
@@ -511,16 +563,20 @@ struct Consumer::Impl {
   // Runs the handlers, partition by partition, in broker order. `leases_from`: when the begins
   // were sent, which is when the leases they acquired started.
   void SettleAll(Round& r, std::vector<Result<BeginAnswer>>& answers, Timestamp leases_from) {
-    std::vector<std::string_view> partitions;
-    absl::flat_hash_map<std::string_view, std::vector<std::size_t>> by_partition;
-    for (std::size_t i = 0; i < r.items.size(); ++i) {
-      auto [it, inserted] = by_partition.try_emplace(r.items[i].message->partition);
-      if (inserted) partitions.push_back(it->first);
-      it->second.push_back(i);
+    // The items partition by partition (in order of first appearance), each in batch order: a
+    // counting sort by partition index.
+    std::vector<std::size_t> start(r.partitions.size() + 1, 0);
+    for (const Item& item : r.items) ++start[item.partition + 1];
+    for (std::size_t p = 1; p < start.size(); ++p) start[p] += start[p - 1];
+    std::vector<std::size_t> order(r.items.size());
+    {
+      std::vector<std::size_t> next(start.begin(), start.end() - 1);
+      for (std::size_t i = 0; i < r.items.size(); ++i) order[next[r.items[i].partition]++] = i;
     }
-    for (std::string_view partition : partitions) {
+    for (std::size_t p = 0; p < r.partitions.size(); ++p) {
       bool stopped = false;
-      for (std::size_t i : by_partition[partition]) {
+      for (std::size_t k = start[p]; k < start[p + 1]; ++k) {
+        const std::size_t i = order[k];
         Item& item = r.items[i];
         if (item.fate == Fate::kReturned) {
           stopped = true;
@@ -694,7 +750,7 @@ struct Consumer::Impl {
         }
         if (*results[k] == WriteAnswer::kLeaseLost) {
           // The effect happened; a newer worker owns the key's outcome now.
-          if (metrics && !item.lease_lost) metrics->lease_lost->Inc();
+          if (!item.lease_lost) CountLeaseLost();
         } else if (metrics) {
           (r.completions[c].outcome == Outcome::kSuccess ? metrics->complete_success
                                                          : metrics->complete_failure)
@@ -731,19 +787,18 @@ struct Consumer::Impl {
     }
     std::vector<const BrokerMessage*> ack;
     ack.reserve(r.items.size());
-    absl::flat_hash_map<std::string_view, std::vector<const BrokerMessage*>> back;
-    std::vector<std::string_view> back_order;
-    absl::flat_hash_map<std::string_view, bool> cut;
+    // By partition index: whether the partition was cut, and what of it goes back.
+    std::vector<char> cut(r.partitions.size(), 0);
+    std::vector<std::vector<const BrokerMessage*>> back(r.partitions.size());
+    std::vector<std::uint32_t> back_order;
     for (Item& item : r.items) {
-      const std::string_view partition = item.message->partition;
-      bool& partition_cut = cut[partition];
-      if (!partition_cut && item.fate != Fate::kSettled) partition_cut = true;
+      char& partition_cut = cut[item.partition];
+      if (!partition_cut && item.fate != Fate::kSettled) partition_cut = 1;
       if (item.fate == Fate::kReturned) {
         // handed back already, with the previous batch's messages of its partition
       } else if (partition_cut) {
-        auto [it, inserted] = back.try_emplace(partition);
-        if (inserted) back_order.push_back(partition);
-        it->second.push_back(item.message);
+        if (back[item.partition].empty()) back_order.push_back(item.partition);
+        back[item.partition].push_back(item.message);
       } else {
         ack.push_back(item.message);
       }
@@ -755,18 +810,20 @@ struct Consumer::Impl {
         item.acquired.reset();
       }
     }
-    if (next != nullptr) {
+    if (next != nullptr && !back_order.empty()) {
+      absl::flat_hash_map<std::string_view, std::uint32_t> cut_partition;
+      for (std::uint32_t p : back_order) cut_partition.emplace(r.partitions[p], p);
       for (Item& later : next->items) {
-        auto it = back.find(later.message->partition);
-        if (it == back.end()) continue;
-        it->second.push_back(later.message);
+        auto it = cut_partition.find(later.message->partition);
+        if (it == cut_partition.end()) continue;
+        back[it->second].push_back(later.message);
         later.fate = Fate::kReturned;
       }
     }
     milliseconds delay = r.handback_delay;
     if (r.store_failed) delay = std::max(delay, options.backoff);
     std::size_t handed_back = 0;
-    for (std::string_view partition : back_order) {
+    for (std::uint32_t partition : back_order) {
       const auto& msgs = back[partition];
       handed_back += msgs.size();
       if (!broker.Redeliver(msgs, delay).ok()) {

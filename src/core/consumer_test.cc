@@ -544,6 +544,7 @@ TEST_P(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
   auto text = registry_.RenderPrometheus();
   EXPECT_NE(text.find("idem_lease_lost_total{scope=\"payments\"} 0"), std::string::npos) << text;
+  EXPECT_EQ(consumer.counts().lease_lost, 0u);
   auto rec = store_->Get("payments", "waiting");
   ASSERT_TRUE(rec.has_value() && rec->has_value());
   EXPECT_EQ((*rec)->state, RecordState::kCompleted);
@@ -580,6 +581,7 @@ TEST_P(ConsumerTest, ALostLeaseIsNotRunAgainNorAcknowledged) {
   EXPECT_EQ(broker_.Redelivered(), 1u);
   const std::string text = registry_.RenderPrometheus();
   EXPECT_NE(text.find("idem_lease_lost_total{scope=\"payments\"} 1"), std::string::npos) << text;
+  EXPECT_EQ(consumer.counts().lease_lost, 1u);
   // The new holder's record is untouched.
   auto rec = store_->Get("payments", "slow");
   ASSERT_TRUE(rec.has_value() && rec->has_value());

@@ -38,6 +38,8 @@ std::string_view DeliveryName(Delivery d) {
 namespace {
 
 bool HeaderNameEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  if (a == b) return true;  // brokers mostly keep the name as it was written
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
     auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; };
     return lower(x) == lower(y);
@@ -153,7 +155,14 @@ Result<std::optional<Fingerprint>> Receiver::FingerprintOf(const Message& messag
 }
 
 Result<std::string> Receiver::KeyOf(const Message& message) const {
-  std::string key;
+  std::string storage;
+  auto key = KeyOf(message, storage);
+  if (!key) return key.error();
+  return std::string(*key);
+}
+
+Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& storage) const {
+  std::string_view key;
   if (!message.key.empty()) {
     key = message.key;
   } else {
@@ -181,16 +190,19 @@ Result<std::string> Receiver::KeyOf(const Message& message) const {
           return InvalidArgumentError("no idempotency key at JSON pointer \"" + src.name +
                                       "\": " + why);
         }
-        key = std::move(*text);
+        storage = std::move(*text);
+        key = storage;
         break;
       }
       case KeySource::Kind::kFingerprint: {
         if (options_.fingerprint == FingerprintMode::kJson) {
           auto fp = FingerprintJson(message.payload);
           if (!fp) return InvalidArgumentError("payload: " + fp.error().message());
-          key = fp->Hex();
+          storage = fp->Hex();
+          key = storage;
         } else {
-          key = FingerprintBytes(message.payload).Hex();
+          storage = FingerprintBytes(message.payload).Hex();
+          key = storage;
         }
         break;
       }
