@@ -100,17 +100,32 @@ bool ZeroSectorIn(std::string_view f, std::size_t begin, std::size_t end) {
   return false;
 }
 
+// Whether a sector's share of the batch header at `pos` reads as zeros: that sector of the write
+// never reached the disk. Every share of a real header holds a non-zero byte (the magic, or
+// the frame count and length, which a batch never has as zero), so this is never a header
+// that was written whole.
+bool HeaderSectorLost(std::string_view f, std::size_t pos) {
+  const std::size_t end = pos + kBatchHeaderSize;
+  for (std::size_t s = pos / kSectorSize * kSectorSize; s < end; s += kSectorSize) {
+    const std::size_t from = std::max(s, pos);
+    if (AllZero(f.substr(from, std::min(end, s + kSectorSize) - from))) return true;
+  }
+  return false;
+}
+
 // A crash tears the last batch in one of the ways a crash can: cut short (the write did not
 // finish), or with sectors that never reached the disk and read as zeros (blocks the file grew
 // by, or the zeros reserved ahead of the log). The pages of one write reach the disk in any
 // order, so written sectors may follow a zeroed one, but only within the batch's declared
 // length, with nothing but zeros after it. The first bad frame must then hold a zeroed sector
 // (or zeros up to the end of the file): a complete batch whose checksum fails without one, or
-// non-zero bytes past the batch, are damage.
+// non-zero bytes past the batch, are damage. When the header's own sector is the one lost, the
+// declared length went with it: the later sectors of that write are all that can follow
+// (the caller has found no intact batch after it).
 bool LooksTorn(std::string_view f, std::uint64_t salt, std::size_t pos) {
   if (f.size() - pos < kBatchHeaderSize) return true;
   BatchHeader h;
-  if (!ReadHeader(f, salt, pos, &h)) return AllZero(f.substr(pos));
+  if (!ReadHeader(f, salt, pos, &h)) return AllZero(f.substr(pos)) || HeaderSectorLost(f, pos);
   std::string why;
   std::size_t bad;
   if (BatchIntact(f, salt, pos, h, &why, &bad)) return false;
@@ -178,6 +193,15 @@ Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64
     return DataLossError(std::string(path) + " offset " + std::to_string(kSaltOffset) +
                          ": the file's salt is not the store's (a file of another store?)");
   }
+  return OkStatus();
+}
+
+Status AdoptOrCheckFileHeader(std::string_view data, std::string_view path,
+                              std::optional<std::uint64_t>& salt) {
+  if (salt) return CheckFileHeader(data, path, *salt);
+  auto read = ReadFileHeader(data, path);
+  if (!read) return read.error();
+  salt = *read;
   return OkStatus();
 }
 

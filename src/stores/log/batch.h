@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -53,6 +54,10 @@ Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view pat
 // ReadFileHeader, and kDataLoss when the file's salt is not `salt` (the store's): a file of
 // another store.
 Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64_t salt);
+// The header of one of a store's files, read in order: the first good one gives the store's
+// salt (`salt` is set), every later one must have that salt (CheckFileHeader).
+Status AdoptOrCheckFileHeader(std::string_view data, std::string_view path,
+                              std::optional<std::uint64_t>& salt);
 
 // Builds one batch for a store with `salt`. Reusable after Clear().
 class BatchBuilder {

@@ -330,6 +330,48 @@ TEST(Batch, APageLostInsideTheLastBatchBeforeReservedZerosIsATornTail) {
   EXPECT_EQ(r.valid_end, last);
 }
 
+// The page holding the last batch's header is the one that did not reach the disk: its later
+// pages did. That batch's write never finished, so it was never acknowledged: a torn tail,
+// whether the header starts its sector or straddles two.
+TEST(Batch, ALostHeaderPageOfTheLastBatchIsATornTail) {
+  std::size_t last = 0, end = 0;
+  const std::string whole = FileWithABigLastBatch(&last, &end);
+  std::string file = whole + std::string(4096, '\0');
+  const std::size_t page = last / 4096 * 4096;
+  std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(last), page + 4096 - last, '\0');
+  ScanResult r;
+  EXPECT_EQ(Frames(file, &r).size(), 6u);  // batches 1 to 3
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+  EXPECT_EQ(r.valid_end, last);
+
+  // A header across a sector boundary whose second sector was lost: its first bytes (the
+  // magic, the checksum) are there, the rest reads as zeros.
+  file = MakeFile(3);
+  // Frames of batch 4 sized so that batch 5's header starts 12 bytes before a sector's end.
+  BatchBuilder b(kSalt);
+  const std::size_t at = file.size() + kBatchHeaderSize + kFrameHeaderSize;
+  const std::size_t target = (at / 512 + 2) * 512 - 12;
+  b.Add(1, std::string(target - at, 'y'));
+  file.append(b.Finish(4));
+  ASSERT_EQ(file.size() % 512, 500u);
+  const std::size_t fifth = file.size();
+  b.Clear();
+  for (int j = 0; j < 4; ++j) b.Add(1, std::string(900, static_cast<char>('k' + j)));
+  file.append(b.Finish(5));
+  file.append(4096, '\0');
+  std::fill_n(file.begin() + static_cast<std::ptrdiff_t>(fifth + 12), 512, '\0');
+  EXPECT_EQ(Frames(file, &r).size(), 7u);  // batches 1 to 4
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+  EXPECT_EQ(r.valid_end, fifth);
+
+  // A header flipped, not lost, is damage still.
+  file = whole + std::string(4096, '\0');
+  file[last + 2] ^= 0x10;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged);
+  EXPECT_EQ(r.damage_offset, last);
+}
+
 TEST(Batch, ALostPageIsDamageWhenDataFollowsTheBatch) {
   std::size_t last = 0, end = 0;
   const std::string whole = FileWithABigLastBatch(&last, &end);

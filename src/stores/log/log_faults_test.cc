@@ -4,9 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,7 +32,10 @@ using ::testing::HasSubstr;
 using log_testing::kLease;
 using log_testing::kRetention;
 
-class LogFaultsTest : public log_testing::LogTest {};
+class LogFaultsTest : public log_testing::LogTest {
+ protected:
+  void ExpectALostPageOfTheLastBatchCut(const std::function<std::size_t(std::size_t)>& lost_page);
+};
 
 // A failed fdatasync leaves the batch it did not write readable in the page cache. A reopen in
 // the same boot must not replay it (its caller was told kDataLoss), and must not append after
@@ -68,9 +73,12 @@ TEST_F(LogFaultsTest, ACompletionWhoseSyncFailedIsNeverReplayedAndThePowerFailur
 }
 
 // Under sync=always the last batch is written into zeros reserved (and synced) ahead of it. A
-// power failure before its fdatasync can persist its first and third pages but not its second:
-// never acknowledged, so a torn tail to cut off, not damage.
-TEST_F(LogFaultsTest, ALastBatchWithAPageLostInItsMiddleIsATornTail) {
+// power failure before its fdatasync can persist some of its pages and not others: never
+// acknowledged, so a torn tail to cut off, not damage. The batch here is four completions of
+// 4000 bytes (four pages or more); `lost_page(last)` says which page of the batch starting at
+// `last` never got to the disk.
+void LogFaultsTest::ExpectALostPageOfTheLastBatchCut(
+    const std::function<std::size_t(std::size_t)>& lost_page) {
   std::vector<std::string> keys = {"b0", "b1", "b2", "b3"};
   {
     auto s = Open(Options());
@@ -96,11 +104,13 @@ TEST_F(LogFaultsTest, ALastBatchWithAPageLostInItsMiddleIsATornTail) {
   ASSERT_EQ(end, data.size());
   const std::size_t last = batches.back();
   ASSERT_GT(end - last, 3u * 4096) << "the four completions are one batch of four pages or more";
-  // The zeros reserved ahead of the log, and a page of the batch that never got there.
+  // The zeros reserved ahead of the log, and a page of the batch that never got there: its
+  // share of the page, as what the page held before (an earlier batch's end) was synced.
   data.append(std::size_t{1} << 20, '\0');
-  const std::size_t page = (last + log::kBatchHeaderSize + 4096) / 4096 * 4096;
+  const std::size_t page = lost_page(last);
   ASSERT_LT(page + 4096, end);
-  std::fill_n(data.begin() + static_cast<std::ptrdiff_t>(page), 4096, '\0');
+  const std::size_t from = std::max(page, last);
+  std::fill_n(data.begin() + static_cast<std::ptrdiff_t>(from), page + 4096 - from, '\0');
   std::ofstream(seg, std::ios::binary | std::ios::trunc) << data;
 
   auto s = Open(Options());
@@ -111,6 +121,16 @@ TEST_F(LogFaultsTest, ALastBatchWithAPageLostInItsMiddleIsATornTail) {
   ASSERT_EQ(warnings_.size(), 1u);
   EXPECT_THAT(warnings_[0], HasSubstr("torn batch at the tail"));
   EXPECT_THAT(warnings_[0], HasSubstr(seg + " offset " + std::to_string(last)));
+}
+
+TEST_F(LogFaultsTest, ALastBatchWithAPageLostInItsMiddleIsATornTail) {
+  ExpectALostPageOfTheLastBatchCut(
+      [](std::size_t last) { return (last + log::kBatchHeaderSize + 4096) / 4096 * 4096; });
+}
+
+// The page that holds the batch's header is the lost one: its length went with it.
+TEST_F(LogFaultsTest, ALastBatchWhoseHeaderPageWasLostIsATornTail) {
+  ExpectALostPageOfTheLastBatchCut([](std::size_t last) { return last / 4096 * 4096; });
 }
 
 // Under sync=none nothing is synced but a rotation: a power failure may leave any segment with

@@ -323,14 +323,8 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
     IDEM_RETURN_IF_ERROR(fs_.Remove(path));
     return std::uint64_t{0};
   }
-  if (salt_) {
-    IDEM_RETURN_IF_ERROR(CheckFileHeader(data, path, *salt_));
-  } else {
-    // The first file replayed gives the store's salt; every later one must have it too.
-    auto salt = ReadFileHeader(data, path);
-    if (!salt) return salt.error();
-    salt_ = *salt;
-  }
+  // The first file replayed gives the store's salt; every later one must have it too.
+  IDEM_RETURN_IF_ERROR(AdoptOrCheckFileHeader(data, path, salt_));
   Entry e;
   auto scan = ScanLog(data, *salt_, is_snapshot ? 0 : *last_seq, [&](const Frame& f) -> Status {
     Status s = DecodeEntry(f.type, f.payload, &e);

@@ -103,13 +103,7 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
     ++report.files;
     report.bytes += bytes.size();
     const bool last = i + 1 == files->size();
-    Status h = salt ? log::CheckFileHeader(bytes, path, *salt) : OkStatus();
-    if (!salt) {
-      auto read = log::ReadFileHeader(bytes, path);
-      if (read) salt = *read;
-      h = read ? OkStatus() : read.error();
-    }
-    if (!h.ok()) {
+    if (Status h = log::AdoptOrCheckFileHeader(bytes, path, salt); !h.ok()) {
       if (last && !f.snapshot && bytes.size() < log::kFileHeaderSize) {
         report.torn_tail = true;
       } else {
