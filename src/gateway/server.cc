@@ -673,7 +673,14 @@ struct Server::Impl {
     for (const auto& [name, value] : stored.headers) AppendHeader(out, name, value);
     AppendHeader(out, kReplayedHeader, "true");
     const bool bodiless = stored.status < 200 || stored.status == 204 || stored.status == 304;
-    if (!bodiless) AppendHeader(out, "Content-Length", std::to_string(stored.body.size()));
+    // A stored Content-Length is a HEAD answer's (ToStored): the length of the body a GET
+    // would have had, not of the empty one stored.
+    const bool has_length =
+        std::any_of(stored.headers.begin(), stored.headers.end(),
+                    [](const auto& h) { return EqualsIgnoreCase(h.first, "Content-Length"); });
+    if (!bodiless && !has_length) {
+      AppendHeader(out, "Content-Length", std::to_string(stored.body.size()));
+    }
     if (version == 10 && keep) AppendHeader(out, "Connection", "keep-alive");
     if (version != 10 && !keep) AppendHeader(out, "Connection", "close");
     out += "\r\n";
@@ -681,12 +688,14 @@ struct Server::Impl {
     return out;
   }
 
-  StoredResponse ToStored(const Response& res) const {
+  // `head`: the answer to a HEAD request, whose Content-Length (the size a GET's body would
+  // have) is kept, since its replay has no body to measure.
+  StoredResponse ToStored(const Response& res, bool head) const {
     StoredResponse s;
     s.status = res.result_int();
     for (const auto& field : res) {
       std::string_view name(field.name_string());
-      if (field.name() == http::field::content_length || IsHopByHop(name)) continue;
+      if ((field.name() == http::field::content_length && !head) || IsHopByHop(name)) continue;
       bool strip = false;
       for (const std::string& h : config.strip_headers) strip |= EqualsIgnoreCase(h, name);
       if (!strip) s.headers.emplace_back(name, std::string_view(field.value()));
@@ -871,7 +880,7 @@ struct Server::Impl {
       co_await ReleaseKey(w, scope, key, acquired.token);
       co_return Answer{std::move(*res), Outcome::kReleased, {}, status};
     }
-    const std::string encoded = EncodeStoredResponse(ToStored(*res));
+    const std::string encoded = EncodeStoredResponse(ToStored(*res, head));
     const CompleteRequest complete{.scope = scope,
                                    .key = key,
                                    .token = acquired.token,

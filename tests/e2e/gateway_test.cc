@@ -867,6 +867,43 @@ TEST_F(GatewayTest, HeadersNamedByAnyConnectionHeaderAreNeitherReturnedNorStored
   EXPECT_EQ(replay.Header("X-Public"), "2");
 }
 
+// A route may list HEAD: the answer has no body but says how long a GET's would be, and its
+// replay says the same, once.
+TEST_F(GatewayTest, AHeadReplayKeepsTheUpstreamsContentLength) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, "HTTP/1.1 200 OK\r\nContent-Length: 42\r\nX-Public: 1\r\n\r\n");
+    return true;
+  });
+  const std::string config =
+      WriteConfig("[[route]]\nprefix = \"/charges\"\nmethods = [\"HEAD\"]\n");
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--config", config, "--upstream", upstream.url()}));
+  const auto head = [&] {
+    auto c = HttpConnection::Connect("127.0.0.1", port_, 3s);
+    EXPECT_TRUE(c.has_value());
+    if (!c) return HttpResponse{};
+    EXPECT_TRUE(
+        c->RawSend("HEAD /charges HTTP/1.1\r\nHost: a\r\nIdempotency-Key: h1\r\n\r\n").ok());
+    auto r = c->ReadResponse(/*head_request=*/true);
+    EXPECT_TRUE(r.has_value()) << r.status().ToString();
+    return r.has_value() ? *r : HttpResponse{};
+  };
+  const auto lengths = [](const HttpResponse& r) {
+    return std::count_if(r.headers.begin(), r.headers.end(),
+                         [](const auto& h) { return Lower(h.first) == "content-length"; });
+  };
+  const HttpResponse first = head();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_EQ(first.Header("Content-Length"), "42");
+  const HttpResponse replay = head();
+  EXPECT_EQ(replay.status, 200);
+  EXPECT_EQ(replay.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.Header("Content-Length"), "42");
+  EXPECT_EQ(lengths(replay), 1);
+  EXPECT_EQ(replay.Header("X-Public"), "1");
+  EXPECT_TRUE(replay.body.empty());
+  EXPECT_EQ(upstream.requests().size(), 1u);
+}
+
 // A body that runs to the close ends its connection: it must not go back to the pool, where
 // the next request would be written to a closed connection.
 TEST_F(GatewayTest, CloseDelimitedUpstreamAnswersAreNotPooled) {
