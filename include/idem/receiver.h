@@ -135,10 +135,16 @@ class Receiver {
 
   // The key Receive would use for `message`, validated.
   Result<std::string> KeyOf(const Message& message) const;
+  // Why KeyOf refused a message: it has no key (a missing header, nothing at the JSON
+  // pointer), its key is not valid (empty, too long), or its payload does not parse where the
+  // key is taken from it.
+  enum class KeyFault : std::uint8_t { kNoKey, kBadKey, kBadPayload };
+
   // The same without a copy where it can: a view into `message` (its key, or a header's
   // value), or into `storage` when the key had to be made (a JSON pointer's text, a
-  // fingerprint), valid while both are.
-  Result<std::string_view> KeyOf(const Message& message, std::string& storage) const;
+  // fingerprint), valid while both are. On an error, `*fault` (when given) says which kind.
+  Result<std::string_view> KeyOf(const Message& message, std::string& storage,
+                                 KeyFault* fault = nullptr) const;
 
   const ReceiverOptions& options() const { return options_; }
 

@@ -124,11 +124,16 @@ enum class Ran : std::uint8_t {
   kUnsettled,  // the dead-letter publish failed, or stopping: hand it back
 };
 
-// The dead-letter reason of a message whose key the receiver could not take (Receiver::KeyOf's
-// error): its payload does not parse, it has no key, or the key is not valid.
-std::string_view PoisonReason(std::string_view key_error) {
-  if (key_error.starts_with("payload: ")) return "bad_payload";
-  if (key_error.find("no idempotency key") != std::string_view::npos) return "no_key";
+// The dead-letter reason of a message whose key the receiver could not take.
+std::string_view PoisonReason(Receiver::KeyFault fault) {
+  switch (fault) {
+    case Receiver::KeyFault::kNoKey:
+      return "no_key";
+    case Receiver::KeyFault::kBadPayload:
+      return "bad_payload";
+    case Receiver::KeyFault::kBadKey:
+      break;
+  }
   return "bad_key";
 }
 
@@ -300,9 +305,10 @@ struct Consumer::Impl {
       return;
     }
     item.fingerprint = *fp;
-    auto key = keys.KeyOf(msg, item.key_storage);
+    Receiver::KeyFault fault = Receiver::KeyFault::kBadKey;
+    auto key = keys.KeyOf(msg, item.key_storage, &fault);
     if (!key) {
-      item.poison_reason = PoisonReason(key.error().message());
+      item.poison_reason = PoisonReason(fault);
       item.poison_error = key.error().message();
       return;
     }

@@ -161,7 +161,12 @@ Result<std::string> Receiver::KeyOf(const Message& message) const {
   return std::string(*key);
 }
 
-Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& storage) const {
+Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& storage,
+                                         KeyFault* fault) const {
+  auto fails = [&](KeyFault f, std::string why) {
+    if (fault != nullptr) *fault = f;
+    return InvalidArgumentError(std::move(why));
+  };
   std::string_view key;
   if (!message.key.empty()) {
     key = message.key;
@@ -175,7 +180,7 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
             std::find_if(message.headers.begin(), message.headers.end(),
                          [&](const Header& h) { return HeaderNameEquals(h.first, src.name); });
         if (it == message.headers.end()) {
-          return InvalidArgumentError("no idempotency key: header " + src.name + " is missing");
+          return fails(KeyFault::kNoKey, "no idempotency key: header " + src.name + " is missing");
         }
         key = it->second;
         break;
@@ -186,9 +191,10 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
           // A payload that does not parse is bad as a whole, not missing a key: worded as the
           // fingerprint's case below, so a consumer dead-letters it as bad_payload.
           const std::string& why = text.error().message();
-          if (why.starts_with("invalid JSON")) return InvalidArgumentError("payload: " + why);
-          return InvalidArgumentError("no idempotency key at JSON pointer \"" + src.name +
-                                      "\": " + why);
+          if (why.starts_with("invalid JSON"))
+            return fails(KeyFault::kBadPayload, "payload: " + why);
+          return fails(KeyFault::kNoKey,
+                       "no idempotency key at JSON pointer \"" + src.name + "\": " + why);
         }
         storage = std::move(*text);
         key = storage;
@@ -197,7 +203,7 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
       case KeySource::Kind::kFingerprint: {
         if (options_.fingerprint == FingerprintMode::kJson) {
           auto fp = FingerprintJson(message.payload);
-          if (!fp) return InvalidArgumentError("payload: " + fp.error().message());
+          if (!fp) return fails(KeyFault::kBadPayload, "payload: " + fp.error().message());
           storage = fp->Hex();
           key = storage;
         } else {
@@ -208,7 +214,9 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
       }
     }
   }
-  IDEM_RETURN_IF_ERROR(ValidateKey(key, options_.max_key_bytes));
+  if (Status valid = ValidateKey(key, options_.max_key_bytes); !valid.ok()) {
+    return fails(KeyFault::kBadKey, valid.message());
+  }
   return key;
 }
 

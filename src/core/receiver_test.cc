@@ -434,6 +434,49 @@ TEST_F(ReceiverTest, BadKeysAndPayloadsAreSpecificErrors) {
   EXPECT_EQ(runs_.load(), 0);
 }
 
+// KeyOf says which kind of refusal it made, so a consumer can dead-letter with the right
+// reason without reading error texts; a header's key is a view into the message.
+TEST_F(ReceiverTest, KeyOfNamesTheKindOfRefusal) {
+  using Fault = Receiver::KeyFault;
+  const auto fault_of = [](const Receiver& r, const Message& m) {
+    std::string storage;
+    Fault fault = Fault::kBadKey;
+    auto key = r.KeyOf(m, storage, &fault);
+    EXPECT_FALSE(key.has_value());
+    return fault;
+  };
+  ReceiverOptions o = Options();
+  o.max_key_bytes = 8;
+  o.key_source = KeySource::Header("Idempotency-Key");
+  const Receiver by_header(*store_, o);
+  std::vector<Header> headers = {{"Idempotency-Key", "h-1"}};
+  std::string storage;
+  auto view = by_header.KeyOf({.headers = headers}, storage);
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(view->data(), headers[0].second.data());
+  EXPECT_TRUE(storage.empty());
+  EXPECT_EQ(fault_of(by_header, {.payload = "x"}), Fault::kNoKey);
+  headers = {{"idempotency-key", "123456789"}};
+  EXPECT_EQ(fault_of(by_header, {.headers = headers}), Fault::kBadKey);
+  headers = {{"IDEMPOTENCY-KEY", ""}};
+  EXPECT_EQ(fault_of(by_header, {.headers = headers}), Fault::kBadKey);
+
+  o.key_source = KeySource::JsonPointer("/id");
+  const Receiver by_field(*store_, o);
+  EXPECT_EQ(fault_of(by_field, {.payload = R"({"other":1})"}), Fault::kNoKey);
+  EXPECT_EQ(fault_of(by_field, {.payload = R"({"id":)"}), Fault::kBadPayload);
+  auto made = by_field.KeyOf({.payload = R"({"id":"p-9"})"}, storage);
+  ASSERT_TRUE(made.has_value());
+  EXPECT_EQ(*made, "p-9");
+  EXPECT_EQ(made->data(), storage.data());
+
+  o.key_source = KeySource::Fingerprint();
+  o.fingerprint = FingerprintMode::kJson;
+  o.max_key_bytes = 255;
+  const Receiver by_fp(*store_, o);
+  EXPECT_EQ(fault_of(by_fp, {.payload = "[1,"}), Fault::kBadPayload);
+}
+
 TEST_F(ReceiverTest, SameKeyDifferentPayloadIsAConflict) {
   ReceiverOptions o = Options();
   o.fingerprint = FingerprintMode::kBytes;
