@@ -106,11 +106,15 @@ struct Receiver::Flights {
   // is a different request, which the store answers Conflict (SPEC §2), not this one's
   // outcome. The receiver's fingerprint mode is fixed, so the fingerprint is either always or
   // never there, and always of one length: the name is unambiguous.
-  static std::string FlightName(const std::string& key, const std::optional<Fingerprint>& fp) {
-    if (!fp) return key;
-    std::string name = key;
+  // A receiver either fingerprints every payload or none, so the fingerprint's fixed 32 bytes
+  // at the end keep names of different (key, fingerprint) pairs apart.
+  static std::string FlightName(std::string_view key, const std::optional<Fingerprint>& fp) {
+    if (!fp) return std::string(key);
+    std::string name;
+    name.reserve(key.size() + 1 + fp->bytes.size());
+    name.append(key);
     name.push_back('\0');
-    name.append(fp->Hex());
+    name.append(reinterpret_cast<const char*>(fp->bytes.data()), fp->bytes.size());
     return name;
   }
 
