@@ -106,8 +106,6 @@ struct Receiver::Flights {
   // is a different request, which the store answers Conflict (SPEC §2), not this one's
   // outcome. The receiver's fingerprint mode is fixed, so the fingerprint is either always or
   // never there, and always of one length: the name is unambiguous.
-  // A receiver either fingerprints every payload or none, so the fingerprint's fixed 32 bytes
-  // at the end keep names of different (key, fingerprint) pairs apart.
   static std::string FlightName(std::string_view key, const std::optional<Fingerprint>& fp) {
     if (!fp) return std::string(key);
     std::string name;
@@ -192,8 +190,8 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
       case KeySource::Kind::kJsonPointer: {
         auto text = JsonPointerText(message.payload, src.name);
         if (!text) {
-          // A payload that does not parse is bad as a whole, not missing a key: worded as the
-          // fingerprint's case below, so a consumer dead-letters it as bad_payload.
+          // A payload that does not parse is bad as a whole, not missing a key (as in the
+          // fingerprint's case below).
           const std::string& why = text.error().message();
           if (why.starts_with("invalid JSON"))
             return fails(KeyFault::kBadPayload, "payload: " + why);
@@ -209,11 +207,10 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
           auto fp = FingerprintJson(message.payload);
           if (!fp) return fails(KeyFault::kBadPayload, "payload: " + fp.error().message());
           storage = fp->Hex();
-          key = storage;
         } else {
           storage = FingerprintBytes(message.payload).Hex();
-          key = storage;
         }
+        key = storage;
         break;
       }
     }

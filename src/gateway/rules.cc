@@ -143,14 +143,8 @@ bool IsJsonContentType(std::string_view content_type) {
 
 // Whether a Content-Encoding value names any coding other than identity ("gzip", "br, gzip").
 bool IsEncoded(std::string_view content_encoding) {
-  while (!content_encoding.empty()) {
-    const std::size_t comma = content_encoding.find(',');
-    const std::string_view coding = TrimOws(content_encoding.substr(0, comma));
-    content_encoding.remove_prefix(comma == std::string_view::npos ? content_encoding.size()
-                                                                   : comma + 1);
-    if (!coding.empty() && !EqualsIgnoreCase(coding, "identity")) return true;
-  }
-  return false;
+  return AnyListItem(content_encoding,
+                     [](std::string_view coding) { return !EqualsIgnoreCase(coding, "identity"); });
 }
 
 }  // namespace

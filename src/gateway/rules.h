@@ -4,6 +4,7 @@
 #ifndef IDEM_GATEWAY_RULES_H_
 #define IDEM_GATEWAY_RULES_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -62,6 +63,20 @@ Result<std::string> OriginForm(std::string_view target);
 // equality, as header names compare.
 std::string_view TrimOws(std::string_view s);
 bool EqualsIgnoreCase(std::string_view a, std::string_view b);
+
+// Calls f(item) for each non-empty element of a comma-separated header list (RFC 9110 §5.6.1:
+// "gzip, br", "keep-alive, X-Internal"), OWS trimmed; stops early when f returns true, and
+// returns whether it did.
+template <typename F>
+bool AnyListItem(std::string_view list, F f) {
+  while (!list.empty()) {
+    const std::size_t comma = std::min(list.find(','), list.size());
+    const std::string_view item = TrimOws(list.substr(0, comma));
+    list.remove_prefix(std::min(comma + 1, list.size()));
+    if (!item.empty() && f(item)) return true;
+  }
+  return false;
+}
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 

@@ -240,13 +240,10 @@ template <class Fields>
 void StripHopByHop(Fields& fields) {
   std::vector<std::string> named;
   for (auto [it, end] = fields.equal_range(http::field::connection); it != end; ++it) {
-    std::string_view connection(it->value());
-    while (!connection.empty()) {
-      const std::size_t comma = std::min(connection.find(','), connection.size());
-      const std::string_view token = TrimOws(connection.substr(0, comma));
-      if (!token.empty()) named.emplace_back(token);
-      connection.remove_prefix(std::min(comma + 1, connection.size()));
-    }
+    AnyListItem(std::string_view(it->value()), [&](std::string_view token) {
+      named.emplace_back(token);
+      return false;
+    });
   }
   for (auto it = fields.begin(); it != fields.end();) {
     if (IsHopByHop(std::string_view(it->name_string()))) {
@@ -673,11 +670,12 @@ struct Server::Impl {
     for (const auto& [name, value] : stored.headers) AppendHeader(out, name, value);
     AppendHeader(out, kReplayedHeader, "true");
     const bool bodiless = stored.status < 200 || stored.status == 204 || stored.status == 304;
-    // A stored Content-Length is a HEAD answer's (ToStored): the length of the body a GET
-    // would have had, not of the empty one stored.
+    // Only a HEAD answer is stored with its Content-Length (ToStored), the length a GET's body
+    // would have had, and only a HEAD request replays it (the method is in the fingerprint).
     const bool has_length =
-        std::any_of(stored.headers.begin(), stored.headers.end(),
-                    [](const auto& h) { return EqualsIgnoreCase(h.first, "Content-Length"); });
+        head && std::any_of(stored.headers.begin(), stored.headers.end(), [](const auto& h) {
+          return EqualsIgnoreCase(h.first, "Content-Length");
+        });
     if (!bodiless && !has_length) {
       AppendHeader(out, "Content-Length", std::to_string(stored.body.size()));
     }

@@ -83,9 +83,6 @@ class Reader {
   std::string_view in_;
 };
 
-// Decoding accepts a response as long as a frame (kMaxFrameBytes); the store writes none over
-// kMaxResponseBytes.
-
 // Record layout: flags(state, outcome, has fp) created lease-created expires-created token
 // attempt [fp] response.
 void PutRecord(std::string* out, const Entry& e) {
@@ -126,6 +123,7 @@ bool GetRecord(Reader& in, Entry* e) {
     if (!in.Raw(fp.bytes.data(), 32)) return false;
     e->fingerprint = fp;
   }
+  // Any response a frame can hold is read; the store writes none over kMaxResponseBytes.
   return in.Bytes(&e->response, kMaxFrameBytes);
 }
 
