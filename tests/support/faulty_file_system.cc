@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 namespace idem::testing {
 namespace {
@@ -188,6 +189,34 @@ void FaultyFileSystem::PowerFail(double written_back) {
       WriteZeros(path, b, std::min({e, size, st.durable_size}));
     }
     if (size != end) (void)real_.Truncate(path, end);  // extends with zeros if it was cut
+  }
+}
+
+void FaultyFileSystem::PowerFailLosingPages(std::uint64_t seed, double kept) {
+  dead_.store(true);
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution reached(kept);
+  constexpr std::uint64_t kPage = 4096;
+  std::lock_guard g(mu_);
+  for (const auto& [path, st] : files_) {
+    if (!real_.Exists(path)) continue;
+    const std::uint64_t size = FileSize(path);
+    for (const auto& [b, e] : st.lost) WriteZeros(path, b, std::min(e, size));
+    // The writes into each page, in the order they were made. A page reaches the disk whole,
+    // as it was at one moment: the writes into it up to then are there, the later ones not.
+    std::map<std::uint64_t, Ranges> pages;
+    for (const auto& [b, e] : st.dirty) {
+      for (std::uint64_t page = b / kPage * kPage; page < std::min(e, size); page += kPage) {
+        pages[page].emplace_back(std::max(b, page), std::min({e, size, page + kPage}));
+      }
+    }
+    for (const auto& [page, writes] : pages) {
+      std::size_t there = writes.size();
+      if (!reached(rng)) there = std::uniform_int_distribution<std::size_t>(0, there - 1)(rng);
+      for (std::size_t i = there; i < writes.size(); ++i) {
+        WriteZeros(path, writes[i].first, writes[i].second);
+      }
+    }
   }
 }
 

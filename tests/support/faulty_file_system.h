@@ -36,6 +36,12 @@ class FaultyFileSystem final : public log::FileSystem {
   // sync reached the disk anyway (the kernel had written it back): the file then ends there,
   // usually in the middle of a batch.
   void PowerFail(double written_back = 0);
+  // Power failure with write-back in any order, as the kernel does it: every 4 KiB page written
+  // since the last sync reached the disk as it is now with probability `kept`; otherwise as it
+  // was after some earlier number of the writes into it (none, possibly), the bytes of the
+  // later ones reading as zeros (chosen by `seed`). Every file keeps the size it has. Lost
+  // bytes (a failed sync's) read as zeros, and later writes and syncs fail, as with PowerFail.
+  void PowerFailLosingPages(std::uint64_t seed, double kept);
   std::uint64_t syncs() const { return syncs_.load(); }
   // Renames done so far (the log store renames each snapshot it writes into place).
   std::uint64_t renames() const { return renames_.load(); }

@@ -113,6 +113,24 @@ bool HeaderSectorLost(std::string_view f, std::size_t pos) {
   return false;
 }
 
+// Where the first bad frame of the damaged batch at `pos` (whose header reads) starts, and
+// where it ends as far as its length can be believed; nullopt when the batch runs past the end
+// of the file.
+std::optional<std::pair<std::size_t, std::size_t>> BadFrame(std::string_view f, std::uint64_t salt,
+                                                            std::size_t pos, const BatchHeader& h) {
+  std::string why;
+  std::size_t bad;
+  if (BatchIntact(f, salt, pos, h, &why, &bad)) return std::pair{bad, bad};
+  const std::size_t body = pos + kBatchHeaderSize;
+  if (f.size() - body < h.bytes) return std::nullopt;
+  const std::size_t end = body + h.bytes;
+  std::size_t frame_end = end;
+  if (end - bad >= kFrameHeaderSize) {
+    frame_end = std::min<std::size_t>(end, bad + kFrameHeaderSize + Get32(f.data() + bad + 4));
+  }
+  return std::pair{bad, frame_end};
+}
+
 // A crash tears the last batch in one of the ways a crash can: cut short (the write did not
 // finish), or with sectors that never reached the disk and read as zeros (blocks the file grew
 // by, or the zeros reserved ahead of the log). The pages of one write reach the disk in any
@@ -126,21 +144,43 @@ bool LooksTorn(std::string_view f, std::uint64_t salt, std::size_t pos) {
   if (f.size() - pos < kBatchHeaderSize) return true;
   BatchHeader h;
   if (!ReadHeader(f, salt, pos, &h)) return AllZero(f.substr(pos)) || HeaderSectorLost(f, pos);
-  std::string why;
-  std::size_t bad;
-  if (BatchIntact(f, salt, pos, h, &why, &bad)) return false;
-  const std::size_t body = pos + kBatchHeaderSize;
-  if (f.size() - body < h.bytes) return true;
-  const std::size_t end = body + h.bytes;
-  std::size_t frame_end = end;  // of the bad frame, as far as its length can be believed
-  if (end - bad >= kFrameHeaderSize) {
-    frame_end = std::min<std::size_t>(end, bad + kFrameHeaderSize + Get32(f.data() + bad + 4));
-  }
+  const auto bad = BadFrame(f, salt, pos, h);
+  if (!bad) return true;  // cut short
+  const auto [bad_at, frame_end] = *bad;
+  if (bad_at == frame_end) return false;  // intact
+  const std::size_t end = pos + kBatchHeaderSize + h.bytes;
   // Zeros that start inside the bad frame and run to the end of the file.
   std::size_t last_nonzero = f.find_last_not_of('\0');
   if (last_nonzero == std::string_view::npos || last_nonzero + 1 < frame_end) return true;
   // A zeroed sector in the bad frame, written sectors after it within the batch.
-  return AllZero(f.substr(end)) && ZeroSectorIn(f, bad, frame_end);
+  return AllZero(f.substr(end)) && ZeroSectorIn(f, bad_at, frame_end);
+}
+
+// Whether the damaged batch at `pos` shows the mark of a write that never reached the disk: a
+// zeroed sector in its header or in its first bad frame. Bytes of an append-only file are
+// either what was written or zeros; anything else is damage.
+bool LostWriteAt(std::string_view f, std::uint64_t salt, std::size_t pos) {
+  BatchHeader h;
+  if (!ReadHeader(f, salt, pos, &h)) return HeaderSectorLost(f, pos);
+  const auto bad = BadFrame(f, salt, pos, h);
+  return bad && bad->first != bad->second && ZeroSectorIn(f, bad->first, bad->second);
+}
+
+// The sync mark of the batch at `pos`, whose header reads, when its last frame is one whose
+// checksum holds (the batch's other frames may be damaged); nullopt when it has none, or it
+// cannot be read.
+std::optional<std::uint64_t> SyncMarkOf(std::string_view f, std::uint64_t salt, std::size_t pos,
+                                        const BatchHeader& h) {
+  constexpr std::size_t kMarkFrameSize = kFrameHeaderSize + 8;
+  const std::size_t end = pos + kBatchHeaderSize + std::size_t{h.bytes};
+  if (h.bytes < kMarkFrameSize || end > f.size()) return std::nullopt;
+  Frame fr;
+  std::size_t next;
+  if (!ReadFrame(f, salt, end - kMarkFrameSize, end, &fr, &next) || fr.type != kSyncMarkFrame ||
+      fr.payload.size() != 8) {
+    return std::nullopt;
+  }
+  return Get64(fr.payload.data());
 }
 
 // The next intact batch after `from` with a seq above `after_seq`. Byte by byte: only the salt
@@ -154,6 +194,33 @@ std::size_t NextHeader(std::string_view f, std::uint64_t salt, std::size_t from,
     }
   }
   return std::string_view::npos;
+}
+
+// Whether the damage at `pos` is a power failure's loss under sync=interval or none. Sectors
+// that were synced never read back as zeros (the assumption the torn-tail rule makes too), so it
+// is when a sector of it reads as zeros, nothing after it says a sync covered it, and the file
+// was written by a writer that marks its syncs (`marked_before`: a mark was read before `pos`).
+// Each batch after it must be either intact with a sync mark at or below `pos`, or damaged the
+// same way (a lost sector); an intact one without a mark (a version 2 writer's) is damage. A
+// batch whose header was lost cannot be checked and is taken as lost. Counts the later batches
+// that go with it.
+bool LostBeforeSync(std::string_view f, std::uint64_t salt, std::size_t pos,
+                    std::uint64_t after_seq, bool marked_before, std::uint64_t* later_batches) {
+  if (!LostWriteAt(f, salt, pos)) return false;
+  *later_batches = 0;
+  bool marked = marked_before;
+  for (std::size_t at = pos + 1; at + kBatchHeaderSize <= f.size(); ++at) {
+    BatchHeader h;
+    if (!ReadHeader(f, salt, at, &h) || h.seq <= after_seq) continue;
+    ++*later_batches;
+    const auto mark = SyncMarkOf(f, salt, at, h);
+    if (mark && *mark > pos) return false;
+    marked = marked || mark.has_value();
+    std::string why;
+    if (BatchIntact(f, salt, at, h, &why) ? !mark : !LostWriteAt(f, salt, at)) return false;
+    at += kBatchHeaderSize - 1;
+  }
+  return marked;
 }
 
 }  // namespace
@@ -176,10 +243,11 @@ Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view pat
   if (v1 || version > kFormatVersion) {
     return FailedPreconditionError(
         std::string(path) + ": log format version " + std::to_string(version) +
-        ", this build reads version " + std::to_string(kFormatVersion) +
+        ", this build reads versions " + std::to_string(kOldestReadableVersion) + " to " +
+        std::to_string(kFormatVersion) +
         (v1 ? " only (version 1, unreleased, had no salt: start a new store)" : ""));
   }
-  if (version != kFormatVersion || data.size() < kFileHeaderSize ||
+  if (version < kOldestReadableVersion || data.size() < kFileHeaderSize ||
       Get32(data.data() + 20) != Crc32c(0, data.data(), 20)) {
     return DataLossError(bad);
   }
@@ -221,7 +289,13 @@ void BatchBuilder::Add(std::uint8_t type, std::string_view payload) {
   ++count_;
 }
 
-std::string_view BatchBuilder::Finish(std::uint64_t seq) {
+std::string_view BatchBuilder::Finish(std::uint64_t seq,
+                                      std::optional<std::uint64_t> synced_through) {
+  if (synced_through) {
+    char mark[8];
+    Put64(mark, *synced_through);
+    Add(kSyncMarkFrame, std::string_view(mark, sizeof mark));
+  }
   char* p = buf_.data();
   Put32(p, kBatchMagic);
   Put64(p + 8, seq);
@@ -235,6 +309,7 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t salt, std::uint64_t
                            const FrameSink& sink) {
   ScanResult r;
   r.last_seq = after_seq;
+  bool marked = false;  // a sync mark was read
   std::size_t pos = kFileHeaderSize;
   r.valid_end = pos;
   while (pos < f.size()) {
@@ -260,6 +335,11 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t salt, std::uint64_t
       r.detail = why;
       if (next == std::string_view::npos && LooksTorn(f, salt, pos)) {
         r.end = ScanResult::End::kTornTail;
+      } else if (std::uint64_t dropped = 0;
+                 LostBeforeSync(f, salt, pos, r.last_seq, marked, &dropped)) {
+        r.end = ScanResult::End::kTornTail;
+        r.unsynced = true;
+        r.unsynced_batches = dropped;
       } else if (next == std::string_view::npos) {
         r.end = ScanResult::End::kDamaged;
         r.resume_offset = f.size();
@@ -274,6 +354,10 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t salt, std::uint64_t
     for (std::uint32_t i = 0; i < h.count; ++i) {
       Frame fr;
       ReadFrame(f, salt, at, end, &fr, &at);
+      if (fr.type == kSyncMarkFrame) {
+        marked = true;
+        continue;
+      }
       IDEM_RETURN_IF_ERROR(sink(fr));
       ++r.frames;
     }
@@ -342,8 +426,10 @@ Result<SalvageResult> SalvageLog(std::string_view f, std::uint64_t salt, const F
         at = next;
         continue;
       }
-      IDEM_RETURN_IF_ERROR(sink(fr));
-      ++r.frames_kept;
+      if (fr.type != kSyncMarkFrame) {
+        IDEM_RETURN_IF_ERROR(sink(fr));
+        ++r.frames_kept;
+      }
       at = next;
     }
     if (intact && at == end) {

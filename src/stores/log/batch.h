@@ -18,6 +18,17 @@
 // but fails its checksum without a zeroed sector in its bad frame, or one followed by
 // non-zero bytes (a crash cuts a write short or leaves sectors of zeros, possibly between
 // sectors that were written, it does not flip bits).
+//
+// Sync marks (version 3). Under sync=interval and none several batches are written between
+// syncs, and a power failure can keep a later one and lose an earlier one (the kernel writes
+// pages back in any order). So the writer ends every batch with a sync mark frame (type
+// kSyncMarkFrame, payload u64 X): every byte of this file before offset X was on disk
+// (fdatasync'ed) when the batch was written. A damaged batch at offset P followed by more
+// batches is then a write lost in a power failure, not damage, when a sector where it goes bad
+// reads as zeros (never written), every later batch whose mark can be read has it <= P (no
+// sync had covered P), and every later batch is intact or goes bad the same way: the scan cuts
+// the file at P, dropping the later batches too, which were no more synced than it was.
+// Marks are the batch layer's own: ScanLog and SalvageLog never hand them to their sink.
 #ifndef IDEM_STORES_LOG_BATCH_H_
 #define IDEM_STORES_LOG_BATCH_H_
 
@@ -31,14 +42,18 @@
 
 namespace idem::log {
 
-// Version 1 (no salt) is refused: it was never released.
-inline constexpr std::uint32_t kFormatVersion = 2;
+// Version 1 (no salt) is refused: it was never released. Version 2 (no sync marks) is read;
+// new files are version 3.
+inline constexpr std::uint32_t kFormatVersion = 3;
+inline constexpr std::uint32_t kOldestReadableVersion = 2;
 inline constexpr std::size_t kFileHeaderSize = 24;
 inline constexpr std::size_t kSaltOffset = 12;  // of the salt in the file header
 inline constexpr std::uint32_t kBatchMagic = 0x1DE3B47Cu;
 inline constexpr std::size_t kBatchHeaderSize = 24;
 inline constexpr std::size_t kFrameHeaderSize = 9;
 inline constexpr std::uint32_t kMaxFrameBytes = 64u << 20;
+// The frame type of a sync mark; no entry type is this.
+inline constexpr std::uint8_t kSyncMarkFrame = 0xFF;
 
 // The CRC-32C seed of the batch and frame checksums of a store with `salt`. Salt 0 gives seed
 // 0: plain CRC-32C.
@@ -65,8 +80,10 @@ class BatchBuilder {
   explicit BatchBuilder(std::uint64_t salt) : salt_(salt) { Clear(); }
   void Clear();
   void Add(std::uint8_t type, std::string_view payload);
-  // The whole batch with its header filled in for `seq`.
-  std::string_view Finish(std::uint64_t seq);
+  // The whole batch with its header filled in for `seq`; with `synced_through`, ended by a sync
+  // mark saying every byte of the file before that offset is on disk. Once per batch: Clear()
+  // before the next Add.
+  std::string_view Finish(std::uint64_t seq, std::optional<std::uint64_t> synced_through = {});
   std::uint32_t count() const { return count_; }
   bool empty() const { return count_ == 0; }
   std::size_t size() const { return buf_.size(); }
@@ -87,7 +104,8 @@ struct ScanResult {
   enum class End : std::uint8_t {
     kClean,     // every byte belongs to an intact batch
     kTornTail,  // the bytes after `valid_end` are a last batch cut short, or with sectors
-                // left zero, by a crash (then zeros to the end): cut them off
+                // left zero, by a crash (then zeros to the end), or (`unsynced`) a batch a
+                // power failure lost before it was synced: cut them off
     kDamaged,   // a bad batch at `damage_offset` is followed by intact data, or is a complete
                 // last batch whose checksum fails
   };
@@ -98,6 +116,10 @@ struct ScanResult {
   std::uint64_t last_seq = 0;       // seq of the last intact batch (0: none)
   std::uint64_t batches = 0;
   std::uint64_t frames = 0;
+  // kTornTail: the bad batch has intact batches after it, whose sync marks say it was never
+  // synced; `unsynced_batches` of them are dropped with it.
+  bool unsynced = false;
+  std::uint64_t unsynced_batches = 0;
   std::string detail;  // what was wrong at damage_offset
 };
 

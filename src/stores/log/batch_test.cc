@@ -77,12 +77,18 @@ TEST(Batch, HeaderErrorsNameTheFile) {
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("/data/000001.log offset 0"));
   std::string other = FileHeader(kSalt);
-  other[8] = 3;  // version 3, with its checksum fixed up
+  other[8] = 4;  // version 4, with its checksum fixed up
   std::uint32_t crc = Crc32c(0, other.data(), 20);
   std::memcpy(other.data() + 20, &crc, 4);
   s = CheckFileHeader(other, "f", kSalt);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("version 3"));
+  EXPECT_THAT(s.message(), HasSubstr("version 4"));
+  // Version 2 (no sync marks) is read.
+  other = FileHeader(kSalt);
+  other[8] = 2;
+  crc = Crc32c(0, other.data(), 20);
+  std::memcpy(other.data() + 20, &crc, 4);
+  EXPECT_TRUE(CheckFileHeader(other, "f", kSalt).ok());
   // A bit flipped in the salt: the header's own checksum fails.
   other = FileHeader(kSalt);
   other[kSaltOffset] ^= 0x01;
@@ -100,7 +106,7 @@ TEST(Batch, AVersion1HeaderIsRefusedByVersion) {
   EXPECT_EQ(s.error().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.error().message(),
               ::testing::AllOf(HasSubstr("/data/000001.log"), HasSubstr("version 1"),
-                               HasSubstr("version 2")));
+                               HasSubstr("versions 2 to 3")));
 }
 
 TEST(Batch, AFileWithAnotherSaltIsDamageNamingTheFile) {
@@ -399,6 +405,120 @@ TEST(Batch, ALostPageIsDamageWhenDataFollowsTheBatch) {
   Frames(file, &r);
   EXPECT_EQ(r.end, ScanResult::End::kDamaged);
   EXPECT_EQ(r.damage_offset, last);
+}
+
+// Batches as a writer under sync=interval writes them: three 5000-byte frames each,
+// batch i ending in a sync mark at the end of the first synced[i] batches (the file header
+// alone for 0). `*offsets` gets where each batch starts, and the file's end last.
+std::string FileWithSyncMarks(const std::vector<int>& synced, std::vector<std::size_t>* offsets) {
+  std::string file = FileHeader(kSalt);
+  offsets->clear();
+  BatchBuilder b(kSalt);
+  for (std::size_t i = 0; i < synced.size(); ++i) {
+    b.Clear();
+    for (int j = 0; j < 3; ++j) b.Add(1, "b" + std::to_string(i) + std::string(5000, 'x'));
+    offsets->push_back(file.size());
+    const std::size_t mark = synced[i] == 0 ? kFileHeaderSize : (*offsets)[synced[i]];
+    file.append(b.Finish(i + 1, mark));
+  }
+  offsets->push_back(file.size());
+  return file;
+}
+
+// What a power failure leaves of the page holding `at`: zeros where it held bytes written
+// since the last sync, which began at `synced`.
+void LosePage(std::string& file, std::size_t at, std::size_t synced) {
+  const std::size_t from = std::max(at / 4096 * 4096, synced);
+  const std::size_t to = std::min(at / 4096 * 4096 + 4096, file.size());
+  std::fill(file.begin() + static_cast<std::ptrdiff_t>(from),
+            file.begin() + static_cast<std::ptrdiff_t>(to), '\0');
+}
+
+// Under sync=interval a power failure lost a page of batch 3 but kept batch 5, both written
+// after the last sync (which covered batches 1 and 2): the file is cut at batch 3, not refused
+// as damaged, and the marks never reach the sink. The page may be the one with batch 3's
+// header, one in its middle, or its last (then batch 4's header went with it).
+TEST(Batch, ABatchLostBeforeAnySyncIsCutWithTheUnsyncedBatchesAfterIt) {
+  std::vector<std::size_t> at;
+  const std::string whole = FileWithSyncMarks({0, 1, 2, 2, 2}, &at);
+  for (const std::size_t lost : {at[2], at[2] + 2000, at[3] - 1}) {
+    std::string file = whole;
+    LosePage(file, lost, at[2]);
+    ScanResult r;
+    const auto frames = Frames(file, &r);
+    EXPECT_EQ(r.end, ScanResult::End::kTornTail) << lost << ": " << r.detail;
+    EXPECT_TRUE(r.unsynced);
+    EXPECT_EQ(r.unsynced_batches, lost == at[3] - 1 ? 1u : 2u);
+    EXPECT_EQ(r.valid_end, at[2]);
+    EXPECT_EQ(r.damage_offset, at[2]);
+    EXPECT_EQ(r.last_seq, 2u);
+    EXPECT_EQ(frames.size(), 6u);
+    for (const auto& f : frames) EXPECT_EQ(f.size(), 5002u);  // no mark frame among them
+  }
+}
+
+// Every batch after the lost one lost a page too, so no mark after it can be read: batch 2's
+// mark shows the file is a marking writer's, and the zeros show writes that never reached
+// the disk, so the cut stands. A byte changed (not lost) in batch 3's header is damage.
+TEST(Batch, LostPagesInEveryBatchAfterTheLastSyncAreCut) {
+  std::vector<std::size_t> at;
+  const std::string whole = FileWithSyncMarks({0, 1, 2, 2, 2}, &at);
+  std::string file = whole;
+  for (int i = 2; i < 5; ++i) LosePage(file, at[i] + 6000, at[2]);
+  LosePage(file, at[5] - 1, at[2]);  // batch 5's mark too
+  ScanResult r;
+  EXPECT_EQ(Frames(file, &r).size(), 6u);
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+  EXPECT_TRUE(r.unsynced);
+  EXPECT_EQ(r.valid_end, at[2]);
+  file[at[2] + 10] ^= 0x01;  // in batch 3's header
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged) << r.detail;
+}
+
+TEST(Batch, ALostBatchIsDamageWhenASyncCoveredIt) {
+  std::vector<std::size_t> at;
+  // Batch 5 was written after a sync that covered batches 1 to 4.
+  std::string file = FileWithSyncMarks({0, 1, 2, 2, 4}, &at);
+  LosePage(file, at[2] + 6000, at[2]);
+  ScanResult r;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged) << r.detail;
+  EXPECT_FALSE(r.unsynced);
+}
+
+TEST(Batch, AFlippedByteBeforeAnySyncIsDamage) {
+  std::vector<std::size_t> at;
+  std::string file = FileWithSyncMarks({0, 1, 2, 2, 2}, &at);
+  file[at[2] + 2000] ^= 0x01;  // changed, not lost: a disk does not do this
+  ScanResult r;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged) << r.detail;
+}
+
+// Version 2 batches carry no marks: a lost batch with intact ones after it stays damage.
+TEST(Batch, ALostBatchAmongBatchesWithoutMarksIsDamage) {
+  std::vector<std::uint64_t> at;
+  std::string file = MakeFile(6, &at);
+  std::fill(file.begin() + static_cast<std::ptrdiff_t>(at[3]),
+            file.begin() + static_cast<std::ptrdiff_t>(at[4]), '\0');
+  ScanResult r;
+  Frames(file, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kDamaged) << r.detail;
+}
+
+TEST(Batch, SalvageLeavesSyncMarksOut) {
+  std::vector<std::size_t> at;
+  const std::string file = FileWithSyncMarks({0, 1, 2}, &at);
+  std::uint64_t frames = 0;
+  auto r = SalvageLog(file, kSalt, [&](const Frame& f) {
+    EXPECT_NE(f.type, kSyncMarkFrame);
+    ++frames;
+    return OkStatus();
+  });
+  ASSERT_TRUE(r);
+  EXPECT_EQ(frames, 9u);
+  EXPECT_EQ(r->frames_kept, 9u);
 }
 
 }  // namespace

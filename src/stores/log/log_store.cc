@@ -350,7 +350,13 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
   }
   if (scan->end == End::kTornTail) {
     const std::string_view tail = data.substr(scan->valid_end);
-    if (tail.find_first_not_of('\0') == std::string_view::npos) {
+    if (scan->unsynced) {
+      Warn(path + " offset " + std::to_string(scan->damage_offset) +
+           ": a batch lost in a power failure before any sync covered it (" + scan->detail +
+           "), and the " + std::to_string(scan->unsynced_batches) +
+           " intact batches written after it and no more synced, " + std::to_string(tail.size()) +
+           " bytes, cut off: sync=interval and sync=none lose what was not yet synced");
+    } else if (tail.find_first_not_of('\0') == std::string_view::npos) {
       Warn(path + " offset " + std::to_string(scan->valid_end) + ": " +
            std::to_string(tail.size()) +
            " zero bytes after the last batch (space reserved ahead of the log, or blocks a " +

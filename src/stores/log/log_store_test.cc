@@ -126,8 +126,8 @@ TEST_F(LogStoreTest, AVersion1StoreIsRefusedByVersion) {
   auto s = OpenLogStore(Options());
   ASSERT_FALSE(s);
   EXPECT_EQ(s.error().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.error().message(),
-              ::testing::AllOf(HasSubstr(seg), HasSubstr("version 1"), HasSubstr("version 2")));
+  EXPECT_THAT(s.error().message(), ::testing::AllOf(HasSubstr(seg), HasSubstr("version 1"),
+                                                    HasSubstr("versions 2 to 3")));
   auto repair = RepairLogStore(dir_);
   ASSERT_FALSE(repair);
   EXPECT_EQ(repair.error().code(), StatusCode::kFailedPrecondition);

@@ -350,7 +350,9 @@ void LogWriter::FlusherLoop() {
 
       const auto started = std::chrono::steady_clock::now();
       const std::uint32_t count = flushing_.count();
-      std::string_view data = flushing_.Finish(seq);
+      // The mark lets recovery tell a batch a power failure lost before any sync covered it
+      // (under interval and none) from damage (batch.h).
+      std::string_view data = flushing_.Finish(seq, synced_size_);
       const std::uint64_t start = file_->Size();
       s = file_->Append(data);
       if (!s.ok()) {
