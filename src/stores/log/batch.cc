@@ -278,14 +278,25 @@ void BatchBuilder::Clear() {
   count_ = 0;
 }
 
+namespace {
+// Fills in the header of the frame at `p` whose payload of `len` bytes follows it.
+void SealAt(std::uint64_t salt, std::uint8_t type, char* p, std::size_t len) {
+  Put32(p + 4, static_cast<std::uint32_t>(len));
+  p[8] = static_cast<char>(type);
+  Put32(p, Crc32c(ChecksumSeed(salt), p + 8, 1 + len));
+}
+}  // namespace
+
+void SealFrame(std::uint64_t salt, std::uint8_t type, std::string* frame) {
+  SealAt(salt, type, frame->data(), frame->size() - kFrameHeaderSize);
+}
+
 void BatchBuilder::Add(std::uint8_t type, std::string_view payload) {
   std::size_t at = buf_.size();
   buf_.resize(at + kFrameHeaderSize + payload.size());
   char* p = buf_.data() + at;
-  Put32(p + 4, static_cast<std::uint32_t>(payload.size()));
-  p[8] = static_cast<char>(type);
   if (!payload.empty()) std::memcpy(p + kFrameHeaderSize, payload.data(), payload.size());
-  Put32(p, Crc32c(ChecksumSeed(salt_), p + 8, 1 + payload.size()));
+  SealAt(salt_, type, p, payload.size());
   ++count_;
 }
 
@@ -352,8 +363,8 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t salt, std::uint64_t
     }
     std::size_t at = pos + kBatchHeaderSize, end = at + h.bytes;
     for (std::uint32_t i = 0; i < h.count; ++i) {
-      Frame fr;
-      ReadFrame(f, salt, at, end, &fr, &at);
+      Frame fr{};
+      ReadFrame(f, salt, at, end, &fr, &at);  // holds: the batch is intact
       if (fr.type == kSyncMarkFrame) {
         marked = true;
         continue;

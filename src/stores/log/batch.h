@@ -74,12 +74,22 @@ Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64
 Status AdoptOrCheckFileHeader(std::string_view data, std::string_view path,
                               std::optional<std::uint64_t>& salt);
 
+// Makes `*frame` (kFrameHeaderSize bytes of room, then the payload) a whole frame of `type`
+// for a store with `salt`: fills in its length and checksum.
+void SealFrame(std::uint64_t salt, std::uint8_t type, std::string* frame);
+
 // Builds one batch for a store with `salt`. Reusable after Clear().
 class BatchBuilder {
  public:
   explicit BatchBuilder(std::uint64_t salt) : salt_(salt) { Clear(); }
   void Clear();
   void Add(std::uint8_t type, std::string_view payload);
+  // Adds a frame SealFrame made (with this builder's salt): a copy, so that a writer can
+  // encode and checksum outside its lock.
+  void AddSealed(std::string_view frame) {
+    buf_.append(frame);
+    ++count_;
+  }
   // The whole batch with its header filled in for `seq`; with `synced_through`, ended by a sync
   // mark saying every byte of the file before that offset is on disk. Once per batch: Clear()
   // before the next Add.

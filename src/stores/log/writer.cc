@@ -174,17 +174,20 @@ void LogWriter::ReleaseWakes() {
 }
 
 std::uint64_t LogWriter::Append(const Entry& e) {
-  thread_local std::string scratch;
-  scratch.clear();
-  EncodeEntry(e, &scratch);
+  // The whole frame, checksum included, is made before taking the lock that every appender
+  // and the flusher share: under it, only a copy.
+  thread_local std::string frame;
+  frame.assign(kFrameHeaderSize, '\0');
+  EncodeEntry(e, &frame);
   // The store refuses what would not fit before the engine changes anything (kMaxResponseBytes):
   // a frame too long to read back would keep the store from opening.
-  IDEM_CHECK(scratch.size() <= kMaxFrameBytes);
+  IDEM_CHECK(frame.size() - kFrameHeaderSize <= kMaxFrameBytes);
+  SealFrame(options_.salt, static_cast<std::uint8_t>(e.type), &frame);
   std::unique_lock lock(mu_);
   while (pending_.size() >= options_.max_pending_bytes && failed_.ok() && !stop_) {
     space_cv_.wait(lock);
   }
-  pending_.Add(static_cast<std::uint8_t>(e.type), scratch);
+  pending_.AddSealed(frame);
   if (pending_ticket_ == 0) {
     pending_ticket_ = next_ticket_++;
     last_ticket_.store(pending_ticket_, std::memory_order_release);
