@@ -157,13 +157,15 @@ bool LooksTorn(std::string_view f, std::uint64_t salt, std::size_t pos) {
 }
 
 // Whether the damaged batch at `pos` shows the mark of a write that never reached the disk: a
-// zeroed sector in its header or in its first bad frame. Bytes of an append-only file are
+// zeroed sector in its header or in its first bad frame, or an end past the end of the file
+// (the file's size reached the disk before the write did). Bytes of an append-only file are
 // either what was written or zeros; anything else is damage.
 bool LostWriteAt(std::string_view f, std::uint64_t salt, std::size_t pos) {
   BatchHeader h;
   if (!ReadHeader(f, salt, pos, &h)) return HeaderSectorLost(f, pos);
   const auto bad = BadFrame(f, salt, pos, h);
-  return bad && bad->first != bad->second && ZeroSectorIn(f, bad->first, bad->second);
+  if (!bad) return true;
+  return bad->first != bad->second && ZeroSectorIn(f, bad->first, bad->second);
 }
 
 // The sync mark of the batch at `pos`, whose header reads, when its last frame is one whose

@@ -471,6 +471,11 @@ TEST(Batch, LostPagesInEveryBatchAfterTheLastSyncAreCut) {
   EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
   EXPECT_TRUE(r.unsynced);
   EXPECT_EQ(r.valid_end, at[2]);
+  // The file's end did not reach the disk either: batch 5 is cut short.
+  std::string cut = file.substr(0, at[5] - 3000);
+  Frames(cut, &r);
+  EXPECT_EQ(r.end, ScanResult::End::kTornTail) << r.detail;
+  EXPECT_EQ(r.valid_end, at[2]);
   file[at[2] + 10] ^= 0x01;  // in batch 3's header
   Frames(file, &r);
   EXPECT_EQ(r.end, ScanResult::End::kDamaged) << r.detail;
