@@ -547,10 +547,9 @@ Status RedisStreamsBroker::Claim(SteadyClock::time_point now, std::size_t max,
     Stream& st = streams_[s];
     std::vector<ParsedEntry>& claimed = per_stream[s];
     if (st.ready_taken < st.ready.size()) {
-      const BrokerMessage& first_ready = st.ready[st.ready_taken];
-      const auto newer = std::find_if(claimed.begin(), claimed.end(), [&](const ParsedEntry& e) {
-        return ReadyBefore{}(first_ready, e.id);
-      });
+      const EntryId first_ready = ReadyBefore::IdOf(st.ready[st.ready_taken]);
+      const auto newer = std::find_if(claimed.begin(), claimed.end(),
+                                      [&](const ParsedEntry& e) { return first_ready < e.id; });
       for (auto e = newer; e != claimed.end(); ++e) {
         e->message.handle = s;
         const auto at =
