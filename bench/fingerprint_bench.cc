@@ -1,11 +1,15 @@
 // FingerprintJson (RFC 8785 canonicalisation + SHA-256) against plain SHA-256 of the same bytes
 // (FingerprintBytes), on a ~1 KiB payment request. The ratio of the two MB/s figures is the cost
 // of canonicalising; the target is JCS+SHA-256 at no less than 0.25x plain SHA-256.
+//
+// Also, for the gateway's principal scope (context, no target): the per-request cost of hashing
+// a 40-byte credential plainly (SHA-256) and under a principal secret (HMAC-SHA-256).
 #include <benchmark/benchmark.h>
 
 #include <string>
 #include <string_view>
 
+#include "fingerprint/sha256.h"
 #include "idem/fingerprint.h"
 
 namespace {
@@ -76,6 +80,25 @@ void BM_CanonicalizeJson(benchmark::State& state) {
                           static_cast<std::int64_t>(doc.size()));
 }
 BENCHMARK(BM_CanonicalizeJson);
+
+constexpr std::string_view kCredential = "Bearer sk_live_51H8xK2eZvKYlo2C0aB1cD2eF3";
+
+void BM_PrincipalSha256(benchmark::State& state) {
+  for (auto _ : state) {
+    auto d = idem::internal::Sha256(kCredential);
+    benchmark::DoNotOptimize(d);
+  }
+}
+BENCHMARK(BM_PrincipalSha256);
+
+void BM_PrincipalHmacSha256(benchmark::State& state) {
+  const std::string secret = "a principal secret of 32 bytes!!";
+  for (auto _ : state) {
+    auto d = idem::internal::HmacSha256(secret, kCredential);
+    benchmark::DoNotOptimize(d);
+  }
+}
+BENCHMARK(BM_PrincipalHmacSha256);
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "fingerprint/sha256.h"
 #include "idem/fingerprint.h"
 
 namespace idem {
@@ -25,6 +26,25 @@ TEST(FingerprintBytesTest, KnownSha256Vectors) {
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   EXPECT_EQ(FingerprintBytes(std::string(1000000, 'a')).Hex(),
             "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// RFC 4231, test cases 1, 2 and 6 (a key longer than SHA-256's block).
+TEST(HmacSha256Test, Rfc4231Vectors) {
+  auto hex = [](const internal::Sha256Digest& d) {
+    std::string out;
+    for (std::uint8_t b : d) {
+      out += "0123456789abcdef"[b >> 4];
+      out += "0123456789abcdef"[b & 15];
+    }
+    return out;
+  };
+  EXPECT_EQ(hex(internal::HmacSha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(hex(internal::HmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hex(internal::HmacSha256(std::string(131, '\xaa'),
+                                     "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
 TEST(FingerprintBytesTest, HashesBytesAsTheyAre) {

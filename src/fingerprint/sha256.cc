@@ -1,7 +1,9 @@
 #include "fingerprint/sha256.h"
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
+#include <limits>
 #include <memory>
 
 #include "idem/status.h"
@@ -55,6 +57,17 @@ Sha256Digest Sha256(std::string_view bytes) {
   Sha256Hasher hasher;
   hasher.Update(bytes);
   return hasher.Finish();
+}
+
+Sha256Digest HmacSha256(std::string_view key, std::string_view message) {
+  Sha256Digest mac;
+  unsigned int size = 0;
+  IDEM_CHECK(key.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()));
+  IDEM_CHECK(HMAC(Sha256Md(), key.data(), static_cast<int>(key.size()),
+                  reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+                  mac.data(), &size) != nullptr);
+  IDEM_CHECK(size == mac.size());
+  return mac;
 }
 
 }  // namespace idem::internal

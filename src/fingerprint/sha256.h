@@ -32,6 +32,9 @@ class Sha256Hasher {
 // SHA-256 of `bytes`.
 Sha256Digest Sha256(std::string_view bytes);
 
+// HMAC-SHA-256 (RFC 2104) of `message` under `key`.
+Sha256Digest HmacSha256(std::string_view key, std::string_view message);
+
 }  // namespace idem::internal
 
 #endif  // IDEM_FINGERPRINT_SHA256_H_

@@ -198,6 +198,7 @@ enum class Kind : std::uint8_t {
   kStore,
   kHeaderName,
   kLogLevel,
+  kSecretFile,
   kCount,
   kSize,
   kDuration,
@@ -239,6 +240,10 @@ const std::vector<Option>& Options() {
        0, kMaxStoreThreads},
       {"principal_header", Kind::kHeaderName, &Config::principal_header, "NAME",
        "request header whose value's hash scopes keys (a credential or tenant id)"},
+      {"principal_secret_file", Kind::kSecretFile, &Config::principal_secret_file, "FILE",
+       "a file holding a secret (at least 16 bytes) under which principals are hashed (HMAC), "
+       "so that whoever reads the store cannot test guesses of a credential; changing it "
+       "changes every principal's scope"},
       {"key_header", Kind::kHeaderName, &Config::key_header, "NAME",
        "request header carrying the idempotency key"},
       // Not above the stores' fixed limit: a longer key would pass here and the store would
@@ -294,7 +299,7 @@ std::string DefaultText(const Option& o) {
         if constexpr (std::is_same_v<T, Endpoint>) {
           return FormatEndpoint(v);
         } else if constexpr (std::is_same_v<T, std::string>) {
-          return v;
+          return v.empty() ? "none" : v;
         } else if constexpr (std::is_same_v<T, std::size_t>) {
           return o.kind == Kind::kSize ? FormatSize(v) : std::to_string(v);
         } else if constexpr (std::is_same_v<T, milliseconds>) {
@@ -364,6 +369,30 @@ Result<std::vector<std::string>> StringsFromNode(const toml::node& n) {
   return out;
 }
 
+// The principal secret in the file at `path` ("" for none), without trailing whitespace (a
+// newline an editor or `echo` added).
+Result<std::string> ReadSecret(const std::string& path) {
+  constexpr std::size_t kMinSecretBytes = 16;
+  constexpr std::size_t kMaxSecretBytes = 4096;
+  if (path.empty()) return std::string();
+  auto text = ReadFile(path);
+  if (!text) return text.error();
+  const std::size_t end = text->find_last_not_of(" \t\r\n");
+  text->resize(end == std::string::npos ? 0 : end + 1);
+  if (text->size() < kMinSecretBytes) {
+    return InvalidArgumentError(
+        path + " holds " + std::to_string(text->size()) +
+        " bytes; a principal secret needs at least " + std::to_string(kMinSecretBytes) +
+        " (make one with: head -c 32 /dev/urandom | base64 > " + path + ")");
+  }
+  if (text->size() > kMaxSecretBytes) {
+    return InvalidArgumentError(path + " holds " + std::to_string(text->size()) +
+                                " bytes; a principal secret file holds at most " +
+                                std::to_string(kMaxSecretBytes));
+  }
+  return std::move(*text);
+}
+
 Result<Raw> RawFromNode(Kind kind, const toml::node& n) {
   switch (kind) {
     case Kind::kEndpoint:
@@ -371,6 +400,7 @@ Result<Raw> RawFromNode(Kind kind, const toml::node& n) {
     case Kind::kStore:
     case Kind::kHeaderName:
     case Kind::kLogLevel:
+    case Kind::kSecretFile:
       if (!n.is_string()) return WrongType(n, "a string");
       return Raw(n.as_string()->get());
     case Kind::kCount: {
@@ -494,6 +524,12 @@ std::optional<std::string> Store(const Option& o, Raw raw, Config& config) {
         return Quote(text) + " is not a log level (debug, info, warn or error)";
       }
       break;
+    case Kind::kSecretFile: {
+      auto secret = ReadSecret(text);
+      if (!secret) return secret.error().message();
+      config.principal_secret = std::move(*secret);
+      break;
+    }
     default:
       return "internal: bad option kind";
   }

@@ -88,6 +88,10 @@ struct Config {
   // store operations waiting at the moment. 0 = call the store inline on the I/O threads.
   std::size_t store_threads = 4;
   std::string principal_header = "Authorization";  // its value's hash scopes keys
+  // A file holding the secret under which principals are hashed (an HMAC); "" = none, a plain
+  // hash. Loading reads it into principal_secret (trailing whitespace cut off).
+  std::string principal_secret_file{};
+  std::string principal_secret{};
   std::string key_header = "Idempotency-Key";
   std::size_t max_key_bytes = 255;
   std::size_t max_body_bytes = 1 << 20;         // request body limit -> 413

@@ -252,6 +252,48 @@ TEST(GatewayConfigFile, BadDurationsAndSizes) {
               StartsWith("idemd.toml:3: route.wait: \"soon\" is not a duration"));
 }
 
+// The secret is read at load, and every way the file can be wrong is an error naming it.
+TEST(GatewayConfigFile, PrincipalSecretFileIsReadAndChecked) {
+  EXPECT_TRUE(Config().principal_secret.empty());
+  TempFile secret("secret", "0123456789abcdef-secret \r\n");
+  const std::string option = "principal_secret_file = \"" + secret.path() + "\"\n";
+  auto c = ParseConfig(option, "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_EQ(c->principal_secret_file, secret.path());
+  EXPECT_EQ(c->principal_secret, "0123456789abcdef-secret");  // trailing whitespace cut off
+
+  EXPECT_THAT(Error("principal_secret_file = \"/nonexistent/idem-secret\"\n"),
+              StartsWith("idemd.toml:1: principal_secret_file: /nonexistent/idem-secret: cannot "
+                         "open: No such file or directory"));
+  TempFile too_short("short-secret", "fifteen bytes!!\n");
+  EXPECT_THAT(
+      Error("principal_secret_file = \"" + too_short.path() + "\"\n"),
+      HasSubstr(too_short.path() + " holds 15 bytes; a principal secret needs at least 16"));
+  TempFile blank("blank-secret", " \n\n");
+  EXPECT_THAT(Error("principal_secret_file = \"" + blank.path() + "\"\n"),
+              HasSubstr("holds 0 bytes"));
+  TempFile huge("huge-secret", std::string(4097, 'x'));
+  EXPECT_THAT(Error("principal_secret_file = \"" + huge.path() + "\"\n"),
+              HasSubstr("holds 4097 bytes; a principal secret file holds at most 4096"));
+  EXPECT_THAT(Error("principal_secret_file = 7\n"), HasSubstr("principal_secret_file"));
+  // "" is none.
+  c = ParseConfig("principal_secret_file = \"\"\n", "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_TRUE(c->principal_secret.empty());
+
+  // As a flag, overriding the file's.
+  TempFile config("secret.toml", option);
+  TempFile other("other-secret", "another secret, 32 bytes long!!!");
+  auto cl =
+      Parse({"--config", config.path().c_str(), "--principal-secret-file", other.path().c_str()});
+  ASSERT_TRUE(cl) << cl.error().ToString();
+  EXPECT_EQ(cl->config->principal_secret, "another secret, 32 bytes long!!!");
+  auto bad = Parse({"--principal-secret-file", "/nonexistent/idem-secret"});
+  ASSERT_FALSE(bad);
+  EXPECT_THAT(bad.error().message(),
+              StartsWith("--principal-secret-file: /nonexistent/idem-secret: cannot open"));
+}
+
 TEST(GatewayConfigFile, DurationAndSizeForms) {
   auto c = ParseConfig(
       "client_timeout = \"1h30m\"\nidle_timeout = \"1d\"\nshutdown_grace = 1500\n"

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <utility>
 
+#include "fingerprint/sha256.h"
 #include "idem/fingerprint.h"
 #include "idem/status.h"
 
@@ -175,7 +176,8 @@ constexpr std::size_t kMaxRouteScopeBytes = 63;  // + '|' + 32 hex = 96
 
 }  // namespace
 
-std::string PrincipalScope(std::string_view route_scope, std::string_view credential) {
+std::string PrincipalScope(std::string_view route_scope, std::string_view credential,
+                           std::string_view secret) {
   std::string out;
   bool printable = true;
   for (char c : route_scope) printable = printable && c >= 0x20 && c <= 0x7E;
@@ -191,8 +193,16 @@ std::string PrincipalScope(std::string_view route_scope, std::string_view creden
   // Never 32 hex characters, so no credential's hash can be "anonymous".
   if (credential.empty()) {
     out += "anonymous";
-  } else {
+  } else if (secret.empty()) {
     out += ShortHex(FingerprintParts({"idem principal v1", credential}));
+  } else {
+    static constexpr char kHex[] = "0123456789abcdef";
+    const internal::Sha256Digest mac = internal::HmacSha256(
+        secret, std::string("idem principal v2") + '\0' + std::string(credential));
+    for (std::size_t i = 0; i < 16; ++i) {
+      out += kHex[mac[i] >> 4];
+      out += kHex[mac[i] & 15];
+    }
   }
   return out;
 }

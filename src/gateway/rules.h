@@ -43,9 +43,12 @@ Result<Fingerprint> RequestFingerprint(std::string_view method, std::string_view
 
 // The store scope for a request: the route's scope plus a hash of the principal's credential
 // (e.g. the Authorization header value), so two principals that reuse one key never share a
-// record. An empty credential is its own principal ("anonymous"). The result is printable
-// ASCII and at most 96 bytes.
-std::string PrincipalScope(std::string_view route_scope, std::string_view credential);
+// record. An empty credential is its own principal ("anonymous"). With a `secret` (the
+// config's principal_secret_file) the hash is an HMAC under it, so that whoever reads the
+// store cannot test guesses of a credential against it; without, a plain SHA-256. The result
+// is printable ASCII and at most 96 bytes.
+std::string PrincipalScope(std::string_view route_scope, std::string_view credential,
+                           std::string_view secret = {});
 
 // Hop-by-hop headers (RFC 9110 §7.6.1) are neither forwarded nor stored: Connection,
 // Keep-Alive, Proxy-Authenticate, Proxy-Authorization, TE, Trailer, Transfer-Encoding,

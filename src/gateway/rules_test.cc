@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "fingerprint/sha256.h"
 #include "idem/fingerprint.h"
 #include "idem/status.h"
 
@@ -280,6 +281,29 @@ TEST(PrincipalScopeTest, DifferentCredentialsOrRoutesDiffer) {
   EXPECT_NE(a, PrincipalScope("r", "bearer a"));
   EXPECT_NE(a, PrincipalScope("q", "Bearer a"));
   EXPECT_NE(a, PrincipalScope("r", ""));
+}
+
+// With a secret the credential's hash is an HMAC under it: the same shape, another value for
+// each secret, and nothing a reader of the store could recompute without the secret.
+TEST(PrincipalScopeTest, WithASecretTheHashIsAnHmacUnderIt) {
+  const std::string plain = PrincipalScope("r", "Bearer a");
+  const std::string keyed = PrincipalScope("r", "Bearer a", "0123456789abcdef");
+  EXPECT_NE(keyed, plain);
+  EXPECT_EQ(keyed.size(), plain.size());
+  EXPECT_TRUE(IsPrintable(keyed));
+  EXPECT_EQ(keyed, PrincipalScope("r", "Bearer a", "0123456789abcdef"));
+  EXPECT_NE(keyed, PrincipalScope("r", "Bearer a", "0123456789abcdeF"));
+  EXPECT_NE(keyed, PrincipalScope("r", "Bearer b", "0123456789abcdef"));
+  // HMAC-SHA-256(secret, "idem principal v2" NUL credential), its first 16 bytes in hex.
+  const internal::Sha256Digest mac = internal::HmacSha256(
+      "0123456789abcdef", std::string("idem principal v2") + '\0' + "Bearer a");
+  std::string hex;
+  for (std::size_t i = 0; i < 16; ++i) {
+    hex += "0123456789abcdef"[mac[i] >> 4];
+    hex += "0123456789abcdef"[mac[i] & 15];
+  }
+  EXPECT_EQ(keyed, "r|" + hex);
+  EXPECT_EQ(PrincipalScope("r", "", "0123456789abcdef"), "r|anonymous");
 }
 
 TEST(PrincipalScopeTest, EmptyCredentialIsAnonymous) {

@@ -782,7 +782,7 @@ struct Server::Impl {
       co_return Answer{MakeProblem(req, problems::MissingPrincipal(config.principal_header)),
                        Outcome::kBadRequest};
     }
-    const std::string scope = PrincipalScope(route->scope, principal);
+    const std::string scope = PrincipalScope(route->scope, principal, config.principal_secret);
     Answer a = co_await Gate(w, req, *route, scope, *key, *fp);
     a.key_hash = KeyHash(scope, *key);
     co_return a;

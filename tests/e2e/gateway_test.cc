@@ -381,6 +381,30 @@ TEST_P(GatewayStoresTest, PrincipalsNeverSeeEachOthersResponses) {
   EXPECT_EQ(LedgerCharges(), 2);
 }
 
+// With principal_secret_file a principal's scope is an HMAC under the secret: the same secret
+// finds a key stored before a restart; another secret does not, so the retry runs again (the
+// documented price of changing it).
+TEST_F(GatewayTest, ThePrincipalSecretKeysTheScopeAcrossRestarts) {
+  store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  const std::string secret = (dir_ / "secret").string();
+  const std::string other = (dir_ / "other-secret").string();
+  std::ofstream(secret) << "first secret, long enough\n";
+  std::ofstream(other) << "second secret, long enough\n";
+  const HttpHeaders alice{{"Authorization", "Bearer a"}};
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--principal-secret-file", secret}));
+  EXPECT_EQ(Charge("secret-1", kCharge, alice).status, 201);
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--principal-secret-file", secret}));
+  EXPECT_EQ(Charge("secret-1", kCharge, alice).Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--principal-secret-file", other}));
+  const HttpResponse again = Charge("secret-1", kCharge, alice);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_FALSE(again.HasHeader("Idempotent-Replayed"));
+  EXPECT_EQ(LedgerCharges(), 2);
+}
+
 // Without a credential every client lands in the route's one anonymous scope (anonymous =
 // "shared", the default): a second credential-less client with the same key gets the first's
 // answer. anonymous = "refuse" answers such a request 400 without calling the upstream.
