@@ -1,9 +1,9 @@
 #include "fingerprint/sha256.h"
 
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 
-#include <limits>
+#include <array>
+#include <cstring>
 #include <memory>
 
 #include "idem/status.h"
@@ -59,15 +59,33 @@ Sha256Digest Sha256(std::string_view bytes) {
   return hasher.Finish();
 }
 
+// RFC 2104 over the hasher (whose context is reused), not OpenSSL's one-shot HMAC(), which
+// sets up a fresh MAC context per call: 1.18 us a call here, against 0.26 us for this
+// (fingerprint_bench).
 Sha256Digest HmacSha256(std::string_view key, std::string_view message) {
-  Sha256Digest mac;
-  unsigned int size = 0;
-  IDEM_CHECK(key.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()));
-  IDEM_CHECK(HMAC(Sha256Md(), key.data(), static_cast<int>(key.size()),
-                  reinterpret_cast<const unsigned char*>(message.data()), message.size(),
-                  mac.data(), &size) != nullptr);
-  IDEM_CHECK(size == mac.size());
-  return mac;
+  constexpr std::size_t kBlock = 64;
+  std::array<char, kBlock> pad{};
+  if (key.size() > kBlock) {
+    const Sha256Digest short_key = Sha256(key);
+    std::memcpy(pad.data(), short_key.data(), short_key.size());
+  } else {
+    std::memcpy(pad.data(), key.data(), key.size());
+  }
+  for (char& c : pad) c = static_cast<char>(c ^ 0x36);
+  Sha256Digest inner_digest;
+  {
+    // Gone before `outer` is made, so both take the thread's spare context in turn.
+    Sha256Hasher inner;
+    inner.Update(std::string_view(pad.data(), pad.size()));
+    inner.Update(message);
+    inner_digest = inner.Finish();
+  }
+  for (char& c : pad) c = static_cast<char>(c ^ 0x36 ^ 0x5c);
+  Sha256Hasher outer;
+  outer.Update(std::string_view(pad.data(), pad.size()));
+  outer.Update(
+      std::string_view(reinterpret_cast<const char*>(inner_digest.data()), inner_digest.size()));
+  return outer.Finish();
 }
 
 }  // namespace idem::internal
