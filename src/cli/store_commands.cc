@@ -47,7 +47,12 @@ int RunVerify(const Command& self, const Args& args) {
             << "bytes      " << report->bytes << " (" << FormatSize(report->bytes) << ")\n"
             << "batches    " << report->batches << "\n"
             << "entries    " << report->entries << "\n";
-  if (report->torn_tail) {
+  if (report->lost_unsynced) {
+    std::cout << "torn tail  yes: batches written after the last sync were lost in a power "
+                 "failure (sync=interval or none); opening the store cuts the newest segment at "
+                 "the first lost one, with the "
+              << report->unsynced_batches << " batches after it\n";
+  } else if (report->torn_tail) {
     std::cout << "torn tail  yes: the last batch was cut short by a crash mid-write; opening "
                  "the store cuts it off\n";
   } else {

@@ -68,7 +68,12 @@ struct LogCheckReport {
   std::uint64_t bytes = 0;
   std::uint64_t batches = 0;
   std::uint64_t entries = 0;
-  bool torn_tail = false;           // a torn batch at the very end (open cuts it off)
+  bool torn_tail = false;  // a torn batch at the very end (open cuts it off)
+  // The torn tail is batches a power failure lost before a sync covered them (sync=interval or
+  // none, see docs/log-store.md): open cuts the newest segment at the first lost one, and the
+  // `unsynced_batches` batches after it go too.
+  bool lost_unsynced = false;
+  std::uint64_t unsynced_batches = 0;
   std::vector<std::string> damage;  // "FILE offset N: what", one per damaged place
   bool ok() const { return damage.empty(); }
 };

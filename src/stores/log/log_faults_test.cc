@@ -206,8 +206,20 @@ TEST_F(LogFaultsTest, PagesLostOutOfOrderBeforeASyncAreCutOnOpen) {
         }
         faulty.PowerFailLosingPages(seed, 0.7);
       }
+      // verify agrees with the open: a tail to cut, no damage.
+      auto verify = VerifyLogStore(dir_);
+      ASSERT_TRUE(verify) << verify.error().ToString();
+      EXPECT_TRUE(verify->ok()) << (verify->damage.empty() ? "" : verify->damage[0]);
       auto s = Open(Options(mode));
       ASSERT_NE(s, nullptr);
+      const bool cut_unsynced =
+          std::any_of(warnings_.begin(), warnings_.end(), [](const std::string& w) {
+            return w.find("before any sync covered it") != std::string::npos;
+          });
+      EXPECT_EQ(verify->lost_unsynced, cut_unsynced);
+      if (cut_unsynced) {
+        EXPECT_TRUE(verify->torn_tail);
+      }
       for (int i = 0; i < kSynced; ++i) EXPECT_TRUE(Replays(*s, "k" + std::to_string(i))) << i;
       int kept = kSynced;
       while (kept < kKeys && Replays(*s, "k" + std::to_string(kept))) ++kept;

@@ -129,6 +129,8 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
     using End = log::ScanResult::End;
     if (scan->end == End::kTornTail && last && !f.snapshot) {
       report.torn_tail = true;
+      report.lost_unsynced = scan->unsynced;
+      report.unsynced_batches = scan->unsynced_batches;
     } else if (scan->end != End::kClean) {
       report.damage.push_back(path + " offset " + std::to_string(scan->damage_offset) + ": " +
                               scan->detail);
