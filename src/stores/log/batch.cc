@@ -256,6 +256,8 @@ Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view pat
   return Get64(data.data() + kSaltOffset);
 }
 
+std::uint32_t FileVersion(std::string_view data) { return Get32(data.data() + 8); }
+
 Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64_t salt) {
   auto got = ReadFileHeader(data, path);
   if (!got) return got.error();

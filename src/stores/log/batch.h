@@ -66,6 +66,8 @@ std::string FileHeader(std::uint64_t salt);
 // header; kFailedPrecondition for another format version. `path` names the file in the
 // message.
 Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view path);
+// The format version of a file whose header ReadFileHeader accepted.
+std::uint32_t FileVersion(std::string_view data);
 // ReadFileHeader, and kDataLoss when the file's salt is not `salt` (the store's): a file of
 // another store.
 Status CheckFileHeader(std::string_view data, std::string_view path, std::uint64_t salt);

@@ -137,6 +137,9 @@ struct Recovered {
   std::uint64_t max_token = 0;
   std::uint64_t disk_bytes = 0;
   std::uint64_t snapshot_bytes = 0;
+  // The newest segment's format version: one older than this build's is not appended to (its
+  // header would not say what its new batches hold).
+  std::uint32_t last_segment_version = kFormatVersion;
 };
 
 constexpr std::size_t kLogStoreShards = 64;
@@ -260,7 +263,8 @@ class LogStore final : public Store {
   Status Recover(Recovered* rec);
   // Replays one file into the engine; returns its size after any torn tail was cut off.
   Result<std::uint64_t> ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
-                                   std::uint64_t* last_seq, std::uint64_t* max_token);
+                                   std::uint64_t* last_seq, std::uint64_t* max_token,
+                                   std::uint32_t* version);
   std::string Path(std::string_view name) const { return options_.dir + "/" + std::string(name); }
   void Warn(const std::string& msg) const {
     if (options_.warn) {
@@ -310,7 +314,8 @@ LogStore::~LogStore() {
 }
 
 Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last, bool is_snapshot,
-                                           std::uint64_t* last_seq, std::uint64_t* max_token) {
+                                           std::uint64_t* last_seq, std::uint64_t* max_token,
+                                           std::uint32_t* version) {
   const std::string path = Path(name);
   auto file = fs_.Read(path);
   if (!file) return file.error();
@@ -325,6 +330,7 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
   }
   // The first file replayed gives the store's salt; every later one must have it too.
   IDEM_RETURN_IF_ERROR(AdoptOrCheckFileHeader(data, path, salt_));
+  *version = FileVersion(data);
   Entry e;
   auto scan = ScanLog(data, *salt_, is_snapshot ? 0 : *last_seq, [&](const Frame& f) -> Status {
     Status s = DecodeEntry(f.type, f.payload, &e);
@@ -384,7 +390,9 @@ Status LogStore::Recover(Recovered* rec) {
   std::uint64_t last_seq = 0;
   for (std::size_t i = 0; i < replay.size(); ++i) {
     const LogFile& f = replay[i];
-    auto bytes = ReplayFile(f.name, i + 1 == replay.size(), f.snapshot, &last_seq, &rec->max_token);
+    std::uint32_t version = kFormatVersion;
+    auto bytes = ReplayFile(f.name, i + 1 == replay.size(), f.snapshot, &last_seq, &rec->max_token,
+                            &version);
     if (!bytes) return bytes.error();
     rec->disk_bytes += *bytes;
     if (f.snapshot) {
@@ -392,6 +400,7 @@ Status LogStore::Recover(Recovered* rec) {
       rec->snapshot_bytes = *bytes;
     } else {
       rec->segments.push_back(f.id);
+      rec->last_segment_version = version;
     }
   }
   rec->last_seq = last_seq;
@@ -432,6 +441,10 @@ Status LogStore::Open() {
   snapshot_id_ = rec.snapshot_id;
 
   std::uint64_t segment = rec.segments.empty() ? rec.snapshot_id + 1 : rec.segments.back();
+  // A segment of an older format is left as it is: new batches go to a new file, whose header
+  // names what they hold, so a build of that older format refuses the store by its version
+  // instead of misreading the new batches as damage.
+  if (!rec.segments.empty() && rec.last_segment_version < kFormatVersion) ++segment;
   WriterOptions w;
   w.sync = options_.sync;
   w.sync_interval = options_.sync_interval;

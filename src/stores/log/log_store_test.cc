@@ -114,6 +114,43 @@ TEST_F(LogStoreTest, AnotherFormatVersionIsRefused) {
   EXPECT_THAT(s.error().message(), HasSubstr(seg));
 }
 
+// A version 2 segment (no sync marks) is read, and left as it is: new batches go to a new,
+// version 3 segment, so a version 2 build refuses the store by version instead of reading the
+// new batches' marks as damage.
+TEST_F(LogStoreTest, AVersion2SegmentIsReadAndNotAppendedTo) {
+  {
+    auto s = Open(Options());
+    ASSERT_NE(s, nullptr);
+    Cycle(*s, "before");
+  }
+  ASSERT_EQ(Segments().size(), 1u);
+  const std::string v2 = Segments()[0];
+  {
+    std::string header = ReadAll(v2).substr(0, log::kFileHeaderSize);
+    header[8] = 2;
+    const std::uint32_t crc = log::Crc32c(0, header.data(), 20);
+    std::memcpy(header.data() + 20, &crc, 4);
+    std::fstream f(v2, std::ios::in | std::ios::out | std::ios::binary);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  }
+  const std::string v2_bytes = ReadAll(v2);
+  {
+    auto s = Open(Options());
+    ASSERT_NE(s, nullptr);
+    ExpectReplay(*s, "before");
+    Cycle(*s, "after");
+  }
+  const std::vector<std::string> segments = Segments();
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_EQ(segments[0], v2);
+  EXPECT_EQ(ReadAll(v2), v2_bytes);  // not appended to
+  EXPECT_EQ(log::FileVersion(ReadAll(segments[1])), log::kFormatVersion);
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  ExpectReplay(*s, "before");
+  ExpectReplay(*s, "after");
+}
+
 // Version 1 (unreleased) had no salt: its files are refused, by version, and left alone.
 TEST_F(LogStoreTest, AVersion1StoreIsRefusedByVersion) {
   fs::create_directories(dir_);
