@@ -30,14 +30,7 @@ TEST(FingerprintBytesTest, KnownSha256Vectors) {
 
 // RFC 4231, test cases 1, 2 and 6 (a key longer than SHA-256's block).
 TEST(HmacSha256Test, Rfc4231Vectors) {
-  auto hex = [](const internal::Sha256Digest& d) {
-    std::string out;
-    for (std::uint8_t b : d) {
-      out += "0123456789abcdef"[b >> 4];
-      out += "0123456789abcdef"[b & 15];
-    }
-    return out;
-  };
+  auto hex = [](const internal::Sha256Digest& d) { return Fingerprint{d}.Hex(); };
   EXPECT_EQ(hex(internal::HmacSha256(std::string(20, '\x0b'), "Hi There")),
             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
   EXPECT_EQ(hex(internal::HmacSha256("Jefe", "what do ya want for nothing?")),

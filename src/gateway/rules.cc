@@ -196,13 +196,8 @@ std::string PrincipalScope(std::string_view route_scope, std::string_view creden
   } else if (secret.empty()) {
     out += ShortHex(FingerprintParts({"idem principal v1", credential}));
   } else {
-    static constexpr char kHex[] = "0123456789abcdef";
-    const internal::Sha256Digest mac = internal::HmacSha256(
-        secret, std::string("idem principal v2") + '\0' + std::string(credential));
-    for (std::size_t i = 0; i < 16; ++i) {
-      out += kHex[mac[i] >> 4];
-      out += kHex[mac[i] & 15];
-    }
+    out += ShortHex(Fingerprint{internal::HmacSha256(
+        secret, std::string("idem principal v2") + '\0' + std::string(credential))});
   }
   return out;
 }

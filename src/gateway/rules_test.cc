@@ -295,14 +295,9 @@ TEST(PrincipalScopeTest, WithASecretTheHashIsAnHmacUnderIt) {
   EXPECT_NE(keyed, PrincipalScope("r", "Bearer a", "0123456789abcdeF"));
   EXPECT_NE(keyed, PrincipalScope("r", "Bearer b", "0123456789abcdef"));
   // HMAC-SHA-256(secret, "idem principal v2" NUL credential), its first 16 bytes in hex.
-  const internal::Sha256Digest mac = internal::HmacSha256(
-      "0123456789abcdef", std::string("idem principal v2") + '\0' + "Bearer a");
-  std::string hex;
-  for (std::size_t i = 0; i < 16; ++i) {
-    hex += "0123456789abcdef"[mac[i] >> 4];
-    hex += "0123456789abcdef"[mac[i] & 15];
-  }
-  EXPECT_EQ(keyed, "r|" + hex);
+  const Fingerprint mac{internal::HmacSha256("0123456789abcdef",
+                                             std::string("idem principal v2") + '\0' + "Bearer a")};
+  EXPECT_EQ(keyed, "r|" + mac.Hex().substr(0, 32));
   EXPECT_EQ(PrincipalScope("r", "", "0123456789abcdef"), "r|anonymous");
 }
 

@@ -219,8 +219,10 @@ bool LostBeforeSync(std::string_view f, std::uint64_t salt, std::size_t pos,
     if (mark && *mark > pos) return false;
     marked = marked || mark.has_value();
     std::string why;
-    if (BatchIntact(f, salt, at, h, &why) ? !mark : !LostWriteAt(f, salt, at)) return false;
-    at += kBatchHeaderSize - 1;
+    const bool intact = BatchIntact(f, salt, at, h, &why);
+    if (intact ? !mark : !LostWriteAt(f, salt, at)) return false;
+    // Past an intact batch's frames; into a damaged one's, where the next header may be.
+    at += kBatchHeaderSize + (intact ? std::size_t{h.bytes} : 0) - 1;
   }
   return marked;
 }
