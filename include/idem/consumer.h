@@ -126,8 +126,10 @@ class Broker {
   // returns once the broker confirmed it.
   virtual Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) = 0;
 
-  // The handler of these messages is still working (a long retry): keep them from being
-  // redelivered to another consumer (JetStream: +WPI). Default: nothing to do.
+  // The handler of these messages is still working (a long handler, a retry): keep them from
+  // being redelivered to another consumer (JetStream: +WPI). Default: nothing to do. While a
+  // handler runs it is called from the consumer's lease keeper thread (keep_leases), never at
+  // the same time as another call the consumer makes.
   virtual Status Touch(std::span<const BrokerMessage* const> messages);
 
   // ok when the broker is reachable (for /readyz).
@@ -158,10 +160,15 @@ struct ConsumerOptions {
   std::size_t max_key_bytes = kDefaultMaxKeyBytes;
   std::size_t batch_size = 256;
   std::chrono::milliseconds poll_wait{100};
-  // The batch's leases are extended before a handler runs once half of the lease is gone, so
-  // a handler may start with half the lease left: one handler call must end within lease / 2,
-  // or another worker may take its key over and run it too.
+  // The batch's leases are extended once half of the lease is gone: before a handler runs,
+  // during retries' and Busy waits, and (keep_leases) while a handler runs.
   std::chrono::milliseconds lease{30'000};
+  // A thread of the consumer's own extends the batch's leases and touches its messages while
+  // a handler runs (it checks every lease / 8), so a handler may run longer than the lease:
+  // its keys are taken over only if this process stops extending them (it died, or the store
+  // did not answer). false: one handler call must end within lease / 2, or another worker may
+  // take its key over and run it too.
+  bool keep_leases = true;
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::chrono::milliseconds failure_retention{24 * 3600 * 1000};  // dead-lettered keys
   std::uint32_t max_attempts = 5;          // handler runs per key (takeovers count) before the DLQ

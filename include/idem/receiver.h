@@ -39,6 +39,9 @@
 #include "idem/store.h"
 
 namespace idem {
+namespace core {
+class LeaseKeeper;
+}  // namespace core
 
 enum class BusyPolicy : std::uint8_t {
   kReject,    // answer kBusy at once
@@ -75,6 +78,11 @@ struct Message {
 struct ReceiverOptions {
   std::string scope{};
   std::chrono::milliseconds lease{30'000};
+  // While a handler runs, a thread of the receiver's own extends its lease once half of it is
+  // gone (it checks every lease / 8), so a handler may run longer than the lease: the key is
+  // taken over only if this process stops extending it (it died, or the store did not
+  // answer). false: a handler that outlives its lease may be run by another worker too.
+  bool keep_leases = true;
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::chrono::milliseconds failure_retention{3600 * 1000};
   BusyPolicy busy_policy = BusyPolicy::kReject;
@@ -164,6 +172,7 @@ class Receiver {
   Status options_status_;  // not ok: every Receive fails with it (durations out of range)
   Clock& clock_;
   std::unique_ptr<Flights> flights_;
+  std::unique_ptr<core::LeaseKeeper> keeper_;  // keep_leases
 };
 
 }  // namespace idem

@@ -270,15 +270,8 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
   if (c.max_backoff < c.backoff) {
     return ErrorAt(where, "consumer.max_backoff", "is below backoff");
   }
-  // A batch's leases are extended before a handler runs once half of the lease is gone, so a
-  // handler may start with half the lease left; it must end within that.
-  if (2 * c.handler_timeout >= c.lease) {
-    return ErrorAt(where, "consumer.lease",
-                   FormatDuration(c.lease) + " must be more than twice handler_timeout (" +
-                       FormatDuration(c.handler_timeout) +
-                       "): a handler may start with half the lease left, and a lease that ends "
-                       "while it runs lets another worker run it again");
-  }
+  // No bound between lease and handler_timeout: the consumer extends a batch's leases while
+  // its handler calls run (ConsumerOptions::keep_leases).
   return OkStatus();
 }
 
@@ -456,8 +449,8 @@ Top-level options (file or flag):
   properties         kafka: more librdkafka properties, { "fetch.min.bytes" = "1" }
   handler            http://host[:port]/path: each message is POSTed there with its key in
                      key_header and the attempt number in attempt_header
-  handler_timeout    one bound for a call: connect, request, answer (default 10s; lease must be
-                     more than twice it)
+  handler_timeout    one bound for a call: connect, request, answer (default 10s; it may be
+                     longer than lease: leases are extended while a call runs)
   key_header         (default Idempotency-Key)    attempt_header (default Idempotency-Attempt)
   permanent_statuses statuses that dead-letter at once (default 400,403,404,405,410,413,415,
                      422); 2xx succeeds; any other status or no answer is retried

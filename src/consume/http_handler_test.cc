@@ -218,7 +218,7 @@ TEST(HttpHandlerTest, AReusedConnectionClosedBeforeAnyAnswerIsSentAgainOnce) {
 }
 
 // handler_timeout bounds the whole call, the reconnect after a reused connection was closed
-// included: the lease check (more than twice handler_timeout) counts on it.
+// included.
 TEST(HttpHandlerTest, OneTimeoutBoundsTheWholeCallAReconnectIncluded) {
   HandlerServer server([](int n) {
     if (n == 0) return Response(200, "ok");

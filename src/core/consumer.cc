@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 
+#include "core/lease_keeper.h"
 #include "core/receiver_parts.h"
 
 namespace idem {
@@ -201,6 +202,7 @@ struct Consumer::Impl {
         options(std::move(o)),
         clock(options.clock != nullptr ? *options.clock : Clock::System()),
         keys(s, ReceiverOptions{.scope = options.scope,
+                                .keep_leases = false,  // it runs no handler
                                 .fingerprint = options.fingerprint,
                                 .key_source = options.key_source,
                                 .max_key_bytes = options.max_key_bytes,
@@ -215,6 +217,7 @@ struct Consumer::Impl {
       metrics.emplace(*options.registry, options.scope);
       own.emplace(*options.registry, options.name);
     }
+    if (options.keep_leases) keeper.emplace(options.lease / 8);
   }
 
   Store& store;
@@ -227,6 +230,8 @@ struct Consumer::Impl {
   std::optional<ConsumerMetrics> own;
   std::mt19937_64 rng;
   std::vector<Header> header_scratch;  // Classify's, on the consumer's thread
+  // keep_leases: holds the batch while a handler runs (ExtendIfDue from its thread).
+  std::optional<core::LeaseKeeper> keeper;
 
   std::atomic<bool> stop{false};
   std::mutex stop_mu;
@@ -350,6 +355,18 @@ struct Consumer::Impl {
       std::optional<core::Stopwatch> sw;
       if (metrics) sw.emplace();
       try {
+        // The keeper's thread owns `items` and `leases_from` while the handler runs (the Hold
+        // hands them back, with what it changed, when it is destroyed).
+        std::optional<core::LeaseKeeper::Hold> held;
+        // One pointer captured: the function fits std::function's own storage (no allocation).
+        struct Lent {
+          Impl* self;
+          std::vector<Item>* items;
+          Timestamp* leases_from;
+        } lent{this, &items, &leases_from};
+        if (keeper) {
+          held.emplace(*keeper, [l = &lent] { l->self->ExtendIfDue(*l->items, *l->leases_from); });
+        }
         verdict = handler(ctx, *item.message);
       } catch (const std::exception& e) {
         verdict = {Verdict::kRetryable, std::string("handler threw: ") + e.what()};
@@ -357,6 +374,9 @@ struct Consumer::Impl {
         verdict = {Verdict::kRetryable, "handler threw a non-standard exception"};
       }
       if (sw) metrics->handler_seconds->ObserveDuration(sw->Elapsed());
+      // Taken over while the handler ran (the store did not answer the keeper in time): the
+      // handler's effect happened, but the key and the message are the new holder's now.
+      if (item.lease_lost) return Ran::kLeaseLost;
 
       if (verdict.verdict == Verdict::kSuccess) {
         completions.emplace_back(index, Outcome::kSuccess, std::move(verdict.detail));

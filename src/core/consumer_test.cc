@@ -53,6 +53,9 @@ class ConsumerTest : public ::testing::TestWithParam<bool> {
     o.clock = &clock_;
     o.registry = &registry_;
     o.pipeline = GetParam();
+    // The keeper's thread sleeps in real time and reads the fake clock: left on, it could
+    // extend a lease between a test's Advance and its next step. KeptLeases* test it.
+    o.keep_leases = false;
     return o;
   }
 
@@ -588,6 +591,81 @@ TEST_P(ConsumerTest, ALostLeaseIsNotRunAgainNorAcknowledged) {
   EXPECT_EQ((*rec)->state, RecordState::kInProgress);
   EXPECT_EQ((*rec)->token, std::get<Acquired>(**takeover).token);
 }
+
+// keep_leases, on the system clock: a handler three times as long as the lease keeps its key
+// (another worker's Begin midway is Busy) and its batch's waiting messages; without the keeper
+// the same handler loses its key to that worker.
+class KeptLeasesTest : public ::testing::TestWithParam<bool> {
+ protected:
+  struct Probe {
+    std::vector<std::string> answers;  // what another worker's Begin of "slow" got, midway
+    int runs = 0;
+  };
+
+  // One round over "slow" (a handler of 2.5 s) and "next", with 1 s leases.
+  Probe RunSlowHandler(bool keep_leases) {
+    broker_.PublishKeyed("p0", "slow");
+    broker_.PublishKeyed("p0", "next");
+    ConsumerOptions o;
+    o.scope = "payments";
+    o.lease = milliseconds(1'000);
+    o.keep_leases = keep_leases;
+    o.pipeline = GetParam();
+    Probe probe;
+    Consumer consumer(
+        *store_, broker_,
+        [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+          if (c.key != "slow") return {Verdict::kSuccess, ""};
+          ++probe.runs;
+          for (int i = 0; i < 2; ++i) {
+            std::this_thread::sleep_for(milliseconds(1'250));
+            auto other =
+                store_->Begin({.scope = "payments", .key = "slow", .lease = milliseconds(60'000)});
+            probe.answers.push_back(other ? std::string(BeginAnswerName(*other)) : "error");
+          }
+          return {Verdict::kSuccess, "done"};
+        },
+        o);
+    auto n = consumer.RunOnce();
+    EXPECT_TRUE(n.has_value()) << n.error().ToString();
+    EXPECT_TRUE(consumer.Flush().ok());
+    lease_lost_ = consumer.counts().lease_lost;
+    return probe;
+  }
+
+  std::unique_ptr<Store> store_ = NewMemoryStore({.reclaim_interval = milliseconds(0)});
+  FakeBroker broker_;
+  std::uint64_t lease_lost_ = 0;
+};
+
+TEST_P(KeptLeasesTest, AHandlerLongerThanTheLeaseKeepsItsKeyAndItsBatch) {
+  const Probe probe = RunSlowHandler(/*keep_leases=*/true);
+  EXPECT_EQ(probe.runs, 1);
+  EXPECT_EQ(probe.answers, (std::vector<std::string>{"busy", "busy"}));
+  EXPECT_EQ(lease_lost_, 0u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+  EXPECT_EQ(broker_.Redelivered(), 0u);
+  EXPECT_GE(broker_.Touched(), 1u);  // "next", waiting behind the handler, was touched
+  for (const char* key : {"slow", "next"}) {
+    auto rec = store_->Get("payments", key);
+    ASSERT_TRUE(rec.has_value() && rec->has_value()) << key;
+    EXPECT_EQ((*rec)->state, RecordState::kCompleted) << key;
+  }
+}
+
+TEST_P(KeptLeasesTest, WithoutTheKeeperTheSameHandlerLosesItsKey) {
+  const Probe probe = RunSlowHandler(/*keep_leases=*/false);
+  EXPECT_EQ(probe.runs, 1);
+  ASSERT_FALSE(probe.answers.empty());
+  EXPECT_EQ(probe.answers[0], "acquired");  // taken over: the other worker would run it too
+  EXPECT_EQ(lease_lost_, 1u);               // its completion was refused
+  auto rec = store_->Get("payments", "slow");
+  ASSERT_TRUE(rec.has_value() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sequential, KeptLeasesTest, ::testing::Values(false));
+INSTANTIATE_TEST_SUITE_P(Pipelined, KeptLeasesTest, ::testing::Values(true));
 
 // Another worker, acting through the store before each begin the consumer makes.
 class SharedStore : public FaultyStore {

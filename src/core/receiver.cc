@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/lease_keeper.h"
 #include "core/machine.h"
 #include "core/receiver_parts.h"
 #include "idem/fingerprint.h"
@@ -82,6 +83,25 @@ Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* m
   return answer;
 }
 
+LeaseHold::LeaseHold(LeaseKeeper* keeper, Store& store, Clock& clock,
+                     const ReceiverOptions& options, std::string_view key, Token token)
+    : store_(store), clock_(clock), options_(options), key_(key), token_(token) {
+  if (keeper == nullptr) return;
+  extended_ = clock_.Now();
+  hold_.emplace(*keeper, [this] { Keep(); });
+}
+
+void LeaseHold::Keep() {
+  const Timestamp now = clock_.Now();
+  if (now - extended_ < options_.lease / 2) return;
+  auto r = store_.Extend(options_.scope, key_, token_, options_.lease);
+  if (!r) {
+    if (options_.metrics != nullptr) options_.metrics->store_errors->Inc();
+    return;  // tried again at the keeper's next turn
+  }
+  extended_ = *r == WriteAnswer::kApplied ? now : Timestamp::max();
+}
+
 }  // namespace core
 
 // In-process executions of a key, for BusyPolicy::kCoalesce: the first caller runs, concurrent
@@ -148,7 +168,11 @@ Receiver::Receiver(Store& store, ReceiverOptions options)
       options_(std::move(options)),
       options_status_(CheckOptions(options_)),
       clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
-      flights_(std::make_unique<Flights>()) {}
+      flights_(std::make_unique<Flights>()) {
+  if (options_.keep_leases && options_status_.ok()) {
+    keeper_ = std::make_unique<core::LeaseKeeper>(options_.lease / 8);
+  }
+}
 
 Receiver::~Receiver() = default;
 
@@ -357,6 +381,7 @@ Result<Delivered> Receiver::Execute(std::string key, const Acquired& acquired,
   HandlerResult result;
   Stopwatch sw;
   try {
+    const core::LeaseHold held(keeper_.get(), store_, clock_, options_, key, acquired.token);
     result = handler(ctx);
   } catch (const std::exception& e) {
     result = {Outcome::kFailure, std::string("handler threw: ") + e.what()};

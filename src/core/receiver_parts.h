@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "core/lease_keeper.h"
+#include "idem/clock.h"
 #include "idem/fingerprint.h"
 #include "idem/metrics.h"
 #include "idem/receiver.h"
@@ -26,6 +28,30 @@ Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::str
 
 // store.Begin(req), timed and counted in `metrics` when it is not null.
 Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics);
+
+// While a handler runs: holds its key's lease in `keeper` (when not null), extending it through
+// `store` once half of options.lease has gone since the Begin (about now). A store error is
+// counted and tried again at the keeper's next turn; once LeaseLost, the hold stops extending
+// (the handler's completion is then refused and says so). `key` and `token` must outlive the
+// hold.
+class LeaseHold {
+ public:
+  LeaseHold(LeaseKeeper* keeper, Store& store, Clock& clock, const ReceiverOptions& options,
+            std::string_view key, Token token);
+  LeaseHold(const LeaseHold&) = delete;
+  LeaseHold& operator=(const LeaseHold&) = delete;
+
+ private:
+  void Keep();  // on the keeper's thread
+
+  Store& store_;
+  Clock& clock_;
+  const ReceiverOptions& options_;
+  const std::string_view key_;
+  const Token token_;
+  Timestamp extended_;  // the lease runs from here; max: lost, nothing more to extend
+  std::optional<LeaseKeeper::Hold> hold_;  // last: destroyed (waiting for Keep) first
+};
 
 class Stopwatch {
  public:

@@ -35,6 +35,9 @@ class ReceiverTest : public ::testing::Test {
     o.scope = "payments";
     o.clock = &clock_;
     o.lease = milliseconds(1000);
+    // The keeper sleeps in real time and reads the fake clock: left on, it could extend a
+    // lease between a test's Advance and its next step. ReceiverKeptLease* test it.
+    o.keep_leases = false;
     return o;
   }
   Handler Counting(std::string response = "ok") {
@@ -381,6 +384,81 @@ TEST_F(ReceiverTest, LeaseLostToANewerWorkerIsAborted) {
   });
   ASSERT_FALSE(res);
   EXPECT_EQ(res.error().code(), StatusCode::kAborted);
+}
+
+// keep_leases, on the system clock: a handler three times as long as its 500 ms lease keeps
+// the key (another worker's Begin midway is Busy) and completes; without the keeper the other
+// worker takes the key over and this one's completion is refused.
+std::vector<std::string> RunLongHandler(Store& store, bool keep_leases, Result<Delivered>* out) {
+  ReceiverOptions o;
+  o.scope = "payments";
+  o.lease = milliseconds(500);
+  o.keep_leases = keep_leases;
+  Receiver r(store, o);
+  std::vector<std::string> answers;
+  *out = r.Receive({.key = "long"}, [&](const HandlerContext&) {
+    for (int i = 0; i < 2; ++i) {
+      std::this_thread::sleep_for(milliseconds(700));
+      auto other = store.Begin({"payments", "long", std::nullopt, milliseconds(60'000)});
+      answers.push_back(other ? std::string(BeginAnswerName(*other)) : "error");
+    }
+    return HandlerResult{Outcome::kSuccess, "charged"};
+  });
+  return answers;
+}
+
+TEST(ReceiverKeptLeaseTest, AHandlerLongerThanTheLeaseKeepsItsKey) {
+  auto store = NewMemoryStore({.reclaim_interval = milliseconds(0)});
+  Result<Delivered> res = Delivered{};
+  EXPECT_EQ(RunLongHandler(*store, true, &res), (std::vector<std::string>{"busy", "busy"}));
+  ASSERT_TRUE(res) << res.error().ToString();
+  EXPECT_EQ(res->delivery, Delivery::kExecuted);
+  auto rec = store->Get("payments", "long");
+  ASSERT_TRUE(rec && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->response, "charged");
+}
+
+TEST(ReceiverKeptLeaseTest, WithoutTheKeeperTheKeyIsTakenOver) {
+  auto store = NewMemoryStore({.reclaim_interval = milliseconds(0)});
+  Result<Delivered> res = Delivered{};
+  const std::vector<std::string> answers = RunLongHandler(*store, false, &res);
+  ASSERT_FALSE(answers.empty());
+  EXPECT_EQ(answers[0], "acquired");
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kAborted);
+}
+
+// Many concurrent long handlers share the receiver's one keeper; each keeps its own key.
+TEST(ReceiverKeptLeaseTest, ConcurrentHandlersEachKeepTheirKey) {
+  auto store = NewMemoryStore({.reclaim_interval = milliseconds(0)});
+  ReceiverOptions o;
+  o.scope = "payments";
+  o.lease = milliseconds(400);
+  Receiver r(*store, o);
+  constexpr int kThreads = 8;
+  std::atomic<int> taken_over{0};
+  std::atomic<int> executed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string key = "k" + std::to_string(t);
+      // Short and long handlers interleave: holds come and go while others are kept.
+      for (int round = 0; round < 3; ++round) {
+        const std::string k = key + "-" + std::to_string(round);
+        auto res = r.Receive({.key = k}, [&](const HandlerContext&) {
+          std::this_thread::sleep_for(milliseconds(round == 1 ? 1'000 : 5));
+          auto other = store->Begin({"payments", k, std::nullopt, milliseconds(60'000)});
+          if (other && std::holds_alternative<Acquired>(*other)) taken_over.fetch_add(1);
+          return HandlerResult{};
+        });
+        if (res && res->delivery == Delivery::kExecuted) executed.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(taken_over.load(), 0);
+  EXPECT_EQ(executed.load(), 3 * kThreads);
 }
 
 TEST_F(ReceiverTest, KeyFromHeaderJsonPointerOrFingerprint) {

@@ -185,6 +185,7 @@ class TransactionalReceiver {
   ReceiverOptions options_;
   Clock& clock_;
   Receiver keys_;  // key extraction and validation, shared with the plain receiver
+  std::unique_ptr<core::LeaseKeeper> keeper_;  // keep_leases
 };
 
 }  // namespace idem

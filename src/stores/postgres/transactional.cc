@@ -43,6 +43,12 @@ Status Simple(pg::Connection& conn, std::string_view sql, std::chrono::milliseco
   return r ? OkStatus() : r.error();
 }
 
+// The options of the receiver that only extracts and checks keys: it runs no handler.
+ReceiverOptions KeysOnly(ReceiverOptions o) {
+  o.keep_leases = false;
+  return o;
+}
+
 }  // namespace
 
 // ---- PgTransaction ----
@@ -88,9 +94,10 @@ TransactionalReceiver::TransactionalReceiver(Store& store, ReceiverOptions optio
     : store_(store),
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
-      keys_(store, options_) {
+      keys_(store, KeysOnly(options_)) {
   IDEM_CHECK_MSG(pg::AsPostgres(store) != nullptr,
                  "TransactionalReceiver needs a store from OpenPostgresStore");
+  if (options_.keep_leases) keeper_ = std::make_unique<core::LeaseKeeper>(options_.lease / 8);
 }
 
 TransactionalReceiver::~TransactionalReceiver() = default;
@@ -152,6 +159,7 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   HandlerResult result;
   Stopwatch sw;
   try {
+    const core::LeaseHold held(keeper_.get(), store_, clock_, options_, key, acquired.token);
     result = handler(ctx, tx);
   } catch (const std::exception& e) {
     result = {Outcome::kFailure, std::string("handler threw: ") + e.what()};

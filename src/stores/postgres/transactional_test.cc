@@ -62,6 +62,9 @@ class TransactionalTest : public ::testing::Test {
   ReceiverOptions Options(ReceiverOptions o = {}) {
     o.scope = "tx";
     o.clock = &clock_;
+    // The keeper sleeps in real time and reads the fake clock: left on, it could extend a
+    // lease between a test's Advance and its next step (AKeptLease... tests it).
+    o.keep_leases = false;
     return o;
   }
 
@@ -176,6 +179,30 @@ TEST_F(TransactionalTest, LostLeaseRollsBackTheEffect) {
   EXPECT_EQ(EffectCount(), 0);
   // The new worker still owns the key and completes it.
   EXPECT_THAT(store_->Complete({.scope = "tx", .key = "k", .token = takeover.token}), IsApplied());
+}
+
+// keep_leases, on the system clock: a handler three times as long as its 500 ms lease keeps the
+// key (another worker's Begin midway is Busy) and commits its effect with the record, once.
+TEST_F(TransactionalTest, AKeptLeaseOutlastsALongHandler) {
+  PostgresStoreOptions o = options_;
+  o.clock = nullptr;
+  auto store = OpenPostgresStore(o);
+  ASSERT_TRUE(store.has_value()) << store.error().ToString();
+  TransactionalReceiver receiver(**store, {.scope = "tx", .lease = 500ms});
+  std::vector<bool> busy;
+  const auto r = receiver.Receive({.key = "k"}, [&](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key}));
+    for (int i = 0; i < 2; ++i) {
+      std::this_thread::sleep_for(700ms);
+      auto other = (*store)->Begin({.scope = "tx", .key = "k", .lease = 60s});
+      busy.push_back(other.has_value() && std::holds_alternative<Busy>(*other));
+    }
+    return HandlerResult{Outcome::kSuccess, "done"};
+  });
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kExecuted);
+  EXPECT_EQ(busy, (std::vector<bool>{true, true}));
+  EXPECT_EQ(EffectCount(), 1);
 }
 
 TEST_F(TransactionalTest, DuplicateWhileRunningIsBusyThenReplayed) {
