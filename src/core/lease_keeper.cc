@@ -6,7 +6,7 @@
 namespace idem::core {
 
 LeaseKeeper::LeaseKeeper(std::chrono::milliseconds period)
-    : period_(std::max(period, std::chrono::milliseconds(1))) {}
+    : period_(std::max(period, std::chrono::milliseconds(1))), thread_([this] { Loop(); }) {}
 
 LeaseKeeper::~LeaseKeeper() {
   {
@@ -21,7 +21,6 @@ LeaseKeeper::Hold::Hold(LeaseKeeper& keeper, std::function<void()> keep)
     : keeper_(keeper), keep_(std::move(keep)) {
   std::lock_guard lock(keeper_.mu_);
   keeper_.holds_.push_back(this);
-  if (!keeper_.thread_.joinable()) keeper_.thread_ = std::thread([k = &keeper_] { k->Loop(); });
 }
 
 LeaseKeeper::Hold::~Hold() {

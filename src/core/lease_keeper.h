@@ -25,8 +25,9 @@ namespace idem::core {
 
 class LeaseKeeper {
  public:
-  // `period`: how often a Hold's function is called (at least 1 ms). The thread starts with
-  // the first Hold.
+  // `period`: how often a Hold's function is called (at least 1 ms). Starts the thread (a
+  // failure to start it throws here, before any key is held, not when a handler is about to
+  // run); it wakes once a period, also when nothing is held.
   explicit LeaseKeeper(std::chrono::milliseconds period);
   ~LeaseKeeper();  // no Hold may outlive it
   LeaseKeeper(const LeaseKeeper&) = delete;
@@ -53,7 +54,7 @@ class LeaseKeeper {
   std::condition_variable cv_;
   std::vector<Hold*> holds_;
   bool stop_ = false;
-  std::thread thread_;
+  std::thread thread_;  // last: starts once the rest is ready
 };
 
 }  // namespace idem::core
