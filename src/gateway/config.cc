@@ -199,6 +199,7 @@ enum class Kind : std::uint8_t {
   kHeaderName,
   kLogLevel,
   kSecretFile,
+  kSecondarySecretFile,
   kCount,
   kSize,
   kDuration,
@@ -244,6 +245,11 @@ const std::vector<Option>& Options() {
        "a file holding a secret (at least 16 bytes) under which principals are hashed (HMAC), "
        "so that whoever reads the store cannot test guesses of a credential; changing it "
        "changes every principal's scope"},
+      {"principal_secret_secondary_file", Kind::kSecondarySecretFile,
+       &Config::principal_secret_secondary_file, "FILE",
+       "for rotating the secret: another secret file (or \"plain\": no secret) whose scopes are "
+       "looked up too when a key is new under principal_secret_file's, and answered from there "
+       "(docs/gateway.md)"},
       {"key_header", Kind::kHeaderName, &Config::key_header, "NAME",
        "request header carrying the idempotency key"},
       // Not above the stores' fixed limit: a longer key would pass here and the store would
@@ -401,6 +407,7 @@ Result<Raw> RawFromNode(Kind kind, const toml::node& n) {
     case Kind::kHeaderName:
     case Kind::kLogLevel:
     case Kind::kSecretFile:
+    case Kind::kSecondarySecretFile:
       if (!n.is_string()) return WrongType(n, "a string");
       return Raw(n.as_string()->get());
     case Kind::kCount: {
@@ -528,6 +535,20 @@ std::optional<std::string> Store(const Option& o, Raw raw, Config& config) {
       auto secret = ReadSecret(text);
       if (!secret) return secret.error().message();
       config.principal_secret = std::move(*secret);
+      break;
+    }
+    case Kind::kSecondarySecretFile: {
+      if (text.empty()) {
+        config.principal_secret_secondary.reset();
+        break;
+      }
+      if (text == "plain") {
+        config.principal_secret_secondary.emplace();
+        break;
+      }
+      auto secret = ReadSecret(text);
+      if (!secret) return secret.error().message();
+      config.principal_secret_secondary = std::move(*secret);
       break;
     }
     default:
@@ -820,6 +841,17 @@ Status Validate(const Draft& draft) {
       if (where.rfind("--", 0) == 0) return InvalidArgumentError(where + ": " + what);
       return ErrorAt(where, "upstream_timeout", what);
     }
+  }
+  if (c.principal_secret_secondary && *c.principal_secret_secondary == c.principal_secret) {
+    auto it = draft.origins.option.find("principal_secret_secondary_file");
+    const std::string where = it == draft.origins.option.end() ? "config" : it->second;
+    const std::string what =
+        c.principal_secret.empty()
+            ? "\"plain\" names the plain hash, which principal_secret_file unset already uses: "
+              "nothing else to look up"
+            : "holds the secret principal_secret_file holds: nothing else to look up";
+    if (where.rfind("--", 0) == 0) return InvalidArgumentError(where + ": " + what);
+    return ErrorAt(where, "principal_secret_secondary_file", what);
   }
   for (std::size_t i = 0; i < c.routes.size(); ++i) {
     const Route& r = c.routes[i];

@@ -92,6 +92,12 @@ struct Config {
   // hash. Loading reads it into principal_secret (trailing whitespace cut off).
   std::string principal_secret_file{};
   std::string principal_secret{};
+  // Rotation (docs/gateway.md): a second secret, or "plain" for the plain hash. A key new under
+  // the principal's scope is also looked up under the scope this one gives, and answered from
+  // a record found there. Loading reads it into principal_secret_secondary ("" = plain;
+  // nullopt = no secondary).
+  std::string principal_secret_secondary_file{};
+  std::optional<std::string> principal_secret_secondary{};
   std::string key_header = "Idempotency-Key";
   std::size_t max_key_bytes = 255;
   std::size_t max_body_bytes = 1 << 20;         // request body limit -> 413

@@ -253,6 +253,50 @@ TEST(GatewayConfigFile, BadDurationsAndSizes) {
 }
 
 // The secret is read at load, and every way the file can be wrong is an error naming it.
+// Rotation: a secondary secret file, or "plain" for the plain hash; never the primary's own.
+TEST(GatewayConfigFile, PrincipalSecretSecondaryFileIsReadAndChecked) {
+  EXPECT_FALSE(Config().principal_secret_secondary.has_value());
+  TempFile primary("primary-secret", "the new secret, long enough\n");
+  TempFile previous("previous-secret", "the old secret, long enough\n");
+  const std::string primary_option = "principal_secret_file = \"" + primary.path() + "\"\n";
+  auto c = ParseConfig(
+      primary_option + "principal_secret_secondary_file = \"" + previous.path() + "\"\n",
+      "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_EQ(c->principal_secret_secondary, "the old secret, long enough");
+  // From the plain hash to a first secret, and the way in: "plain" either side.
+  c = ParseConfig(primary_option + "principal_secret_secondary_file = \"plain\"\n", "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_EQ(c->principal_secret_secondary, "");
+  c = ParseConfig("principal_secret_secondary_file = \"" + primary.path() + "\"\n", "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_TRUE(c->principal_secret.empty());
+  EXPECT_EQ(c->principal_secret_secondary, "the new secret, long enough");
+  // "" is none.
+  c = ParseConfig(primary_option + "principal_secret_secondary_file = \"\"\n", "idemd.toml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_FALSE(c->principal_secret_secondary.has_value());
+
+  EXPECT_EQ(
+      Error(primary_option + "principal_secret_secondary_file = \"" + primary.path() + "\"\n"),
+      "idemd.toml:2: principal_secret_secondary_file: holds the secret "
+      "principal_secret_file holds: nothing else to look up");
+  EXPECT_EQ(Error("principal_secret_secondary_file = \"plain\"\n"),
+            "idemd.toml:1: principal_secret_secondary_file: \"plain\" names the plain hash, which "
+            "principal_secret_file unset already uses: nothing else to look up");
+  TempFile too_short("short-secret", "fifteen bytes!!\n");
+  EXPECT_THAT(Error("principal_secret_secondary_file = \"" + too_short.path() + "\"\n"),
+              HasSubstr(too_short.path() + " holds 15 bytes; a principal secret needs at least"));
+  auto flag = Parse({"--principal-secret-secondary-file", "plain"});
+  ASSERT_FALSE(flag);
+  EXPECT_THAT(flag.error().message(),
+              StartsWith("--principal-secret-secondary-file: \"plain\" names the plain hash"));
+  auto ok = Parse({"--principal-secret-file", primary.path().c_str(),
+                   "--principal-secret-secondary-file", "plain"});
+  ASSERT_TRUE(ok) << ok.error().ToString();
+  EXPECT_EQ(ok->config->principal_secret_secondary, "");
+}
+
 TEST(GatewayConfigFile, PrincipalSecretFileIsReadAndChecked) {
   EXPECT_TRUE(Config().principal_secret.empty());
   TempFile secret("secret", "0123456789abcdef-secret \r\n");

@@ -457,16 +457,22 @@ class StoreBatcher {
     co_await Submit(op);
     co_return std::move(*op.write_result);
   }
+  awaitable<Result<std::optional<Record>>> Get(std::string_view scope, std::string_view key) {
+    Op op{.kind = Op::kGet, .scope = scope, .key = key};
+    co_await Submit(op);
+    co_return std::move(*op.get_result);
+  }
 
  private:
   struct Op {
-    enum Kind : std::uint8_t { kBegin, kComplete, kRelease } kind;
+    enum Kind : std::uint8_t { kBegin, kComplete, kRelease, kGet } kind;
     const BeginRequest* begin = nullptr;
     const CompleteRequest* complete = nullptr;
     std::string_view scope{}, key{};
     Token token = 0;
     std::optional<Result<BeginAnswer>> begin_result{};
     std::optional<Result<WriteAnswer>> write_result{};
+    std::optional<Result<std::optional<Record>>> get_result{};
     std::unique_ptr<Resume> done{};
   };
   using Batch = std::vector<Op*>;
@@ -508,11 +514,11 @@ class StoreBatcher {
 
   // Hands the batch to a store that can take it without blocking (the log store): its
   // begins and completes share one group commit, and the answers come back from the store's
-  // flusher, with no store thread in between. False: use a store thread (releases, which are
-  // rare, always do; a store that declines once is not asked again).
+  // flusher, with no store thread in between. False: use a store thread (releases and reads,
+  // which are rare, always do; a store that declines once is not asked again).
   bool Start(const std::shared_ptr<Batch>& batch) {
     const Requests reqs = Split(*batch);
-    if (reqs.releases) return false;
+    if (reqs.others) return false;
     started_.fetch_add(1);
     can_start_ =
         store_.StartBatch(reqs.begins, reqs.completes, [this, batch](BatchAnswers answers) {
@@ -526,18 +532,18 @@ class StoreBatcher {
     return can_start_;
   }
 
-  // The batch's begins and completes, in its order; whether it releases a key too.
+  // The batch's begins and completes, in its order; whether it releases or reads a key too.
   struct Requests {
     std::vector<BeginRequest> begins;
     std::vector<CompleteRequest> completes;
-    bool releases = false;
+    bool others = false;
   };
   static Requests Split(const Batch& batch) {
     Requests r;
     for (const Op* op : batch) {
       if (op->kind == Op::kBegin) r.begins.push_back(*op->begin);
       if (op->kind == Op::kComplete) r.completes.push_back(*op->complete);
-      if (op->kind == Op::kRelease) r.releases = true;
+      if (op->kind == Op::kRelease || op->kind == Op::kGet) r.others = true;
     }
     return r;
   }
@@ -557,7 +563,7 @@ class StoreBatcher {
   }
 
   // Puts the answers (in the batch's order of begins and of completes) into the ops, and runs
-  // the releases.
+  // the releases and reads.
   void Deliver(Batch& batch, std::vector<Result<BeginAnswer>>& began,
                std::vector<Result<WriteAnswer>>& completed) {
     std::size_t b = 0, c = 0;
@@ -571,6 +577,9 @@ class StoreBatcher {
           break;
         case Op::kRelease:
           op->write_result.emplace(store_.Release(op->scope, op->key, op->token));
+          break;
+        case Op::kGet:
+          op->get_result.emplace(store_.Get(op->scope, op->key));
           break;
       }
     }
@@ -641,6 +650,11 @@ struct Server::Impl {
                                               const std::string& key, Token token) {
     if (!w.batcher) co_return store.Release(scope, key, token);
     co_return co_await w.batcher->Release(scope, key, token);
+  }
+  awaitable<Result<std::optional<Record>>> StoreGet(Worker& w, const std::string& scope,
+                                                    const std::string& key) {
+    if (!w.batcher) co_return store.Get(scope, key);
+    co_return co_await w.batcher->Get(scope, key);
   }
 
   // ---- responses ----
@@ -783,13 +797,20 @@ struct Server::Impl {
                        Outcome::kBadRequest};
     }
     const std::string scope = PrincipalScope(route->scope, principal, config.principal_secret);
-    Answer a = co_await Gate(w, req, *route, scope, *key, *fp);
+    // Rotation: the scope the secondary secret gives ("" when there is none, or no principal:
+    // the anonymous scope is the same under every secret).
+    const std::string secondary =
+        config.principal_secret_secondary && !principal.empty()
+            ? PrincipalScope(route->scope, principal, *config.principal_secret_secondary)
+            : std::string();
+    Answer a = co_await Gate(w, req, *route, scope, secondary, *key, *fp);
     a.key_hash = KeyHash(scope, *key);
     co_return a;
   }
 
   awaitable<Answer> Gate(Worker& w, Request& req, const Route& route, const std::string& scope,
-                         const std::string& key, const Fingerprint& fp) {
+                         const std::string& secondary, const std::string& key,
+                         const Fingerprint& fp) {
     const auto deadline = SteadyClock::now() + route.wait;
     auto pause = std::chrono::milliseconds(2);
     for (;;) {
@@ -817,26 +838,18 @@ struct Server::Impl {
                          Outcome::kStoreUnavailable};
       }
       if (auto* acquired = std::get_if<Acquired>(&*answer)) {
+        // New under this scope (attempt 1): it may have been begun under the secondary
+        // secret's scope before the rotation. Every holder of both secrets begins first and
+        // looks second, so two that began the same key under different scopes see each other.
+        if (!secondary.empty() && acquired->attempt == 1) {
+          if (std::optional<Answer> found =
+                  co_await FromSecondary(w, req, scope, secondary, key, fp, acquired->token)) {
+            co_return std::move(*found);
+          }
+        }
         co_return co_await Forward(w, req, route, scope, key, *acquired);
       }
-      if (auto* replay = std::get_if<Replay>(&*answer)) {
-        auto stored = DecodeStoredResponse(replay->response);
-        if (!stored) {
-          log.Write(Level::kError, Cat("event=stored_response_unreadable error=\"",
-                                       stored.error().ToString(), "\""));
-          co_return Answer{
-              MakeProblem(req, problems::UpstreamFailed("the stored response cannot be read")),
-              Outcome::kReplayed};
-        }
-        if (stored->body_omitted) {
-          Response res = MakeProblem(req, problems::ReplayTooLarge(stored->body_size));
-          res.set(kReplayedHeader, "true");
-          co_return Answer{std::move(res), Outcome::kReplayed, {}, stored->status};
-        }
-        Answer a{Response{}, Outcome::kReplayed, {}, stored->status};
-        a.replay = std::move(*stored);
-        co_return a;
-      }
+      if (auto* replay = std::get_if<Replay>(&*answer)) co_return Replayed(req, replay->response);
       if (std::holds_alternative<Busy>(*answer)) {
         const auto now = SteadyClock::now();
         if (route.in_flight == InFlightPolicy::kWait && now + pause < deadline) {
@@ -853,6 +866,57 @@ struct Server::Impl {
       // Stale: records have no versions, so not reachable.
       co_return Answer{Unavailable(req, "unexpected store answer"), Outcome::kStoreUnavailable};
     }
+  }
+
+  // The answer to a replay of a stored (EncodeStoredResponse) response.
+  Answer Replayed(const Request& req, std::string_view response) {
+    auto stored = DecodeStoredResponse(response);
+    if (!stored) {
+      log.Write(Level::kError,
+                Cat("event=stored_response_unreadable error=\"", stored.error().ToString(), "\""));
+      return Answer{
+          MakeProblem(req, problems::UpstreamFailed("the stored response cannot be read")),
+          Outcome::kReplayed};
+    }
+    if (stored->body_omitted) {
+      Response res = MakeProblem(req, problems::ReplayTooLarge(stored->body_size));
+      res.set(kReplayedHeader, "true");
+      return Answer{std::move(res), Outcome::kReplayed, {}, stored->status};
+    }
+    Answer a{Response{}, Outcome::kReplayed, {}, stored->status};
+    a.replay = std::move(*stored);
+    return a;
+  }
+
+  // The key was just acquired under `scope`; what the secondary secret's scope holds for it
+  // decides the answer instead, as Begin would have there: a completion is replayed (or 422
+  // for another payload), a running lease is 409; the key under `scope` is then released.
+  // nullopt: nothing there (or an abandoned attempt): run it under `scope`. A store that
+  // cannot answer is 503, the key released (fail closed).
+  awaitable<std::optional<Answer>> FromSecondary(Worker& w, const Request& req,
+                                                 const std::string& scope,
+                                                 const std::string& secondary,
+                                                 const std::string& key, const Fingerprint& fp,
+                                                 Token token) {
+    Result<std::optional<Record>> found = co_await StoreGet(w, secondary, key);
+    std::optional<Answer> answer;
+    if (!found) {
+      log.Write(Level::kWarn,
+                Cat("event=store_error op=get error=\"", found.error().ToString(), "\""));
+      answer.emplace(Unavailable(req, "the idempotency store cannot be reached"),
+                     Outcome::kStoreUnavailable);
+    } else if (!found->has_value()) {
+      co_return std::nullopt;
+    } else if (const Record& r = **found; r.state == RecordState::kInProgress) {
+      if (r.lease_deadline <= Clock::System().Now()) co_return std::nullopt;
+      answer.emplace(MakeProblem(req, problems::InFlight(key)), Outcome::kInFlight);
+    } else if (r.fingerprint && *r.fingerprint != fp) {
+      answer.emplace(MakeProblem(req, problems::KeyReuse(key)), Outcome::kKeyReuse);
+    } else {
+      answer.emplace(Replayed(req, r.response));
+    }
+    co_await ReleaseKey(w, scope, key, token);
+    co_return answer;
   }
 
   // Sends the request upstream as the owner of the key, then stores or releases the outcome.

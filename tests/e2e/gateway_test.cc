@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "gateway/config.h"
+#include "gateway/rules.h"
 #include "gateway/server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -403,6 +404,54 @@ TEST_F(GatewayTest, ThePrincipalSecretKeysTheScopeAcrossRestarts) {
   EXPECT_EQ(again.status, 201);
   EXPECT_FALSE(again.HasHeader("Idempotent-Replayed"));
   EXPECT_EQ(LedgerCharges(), 2);
+}
+
+// Rotating the secret (docs/gateway.md): with the old one as principal_secret_secondary_file, a
+// key stored under the old secret's scope is answered from there (replay, 422 for another
+// payload) and not run again; new keys are stored under the new secret. The way in from the
+// plain hash uses "plain". Only dropping the secondary forgets the old scopes.
+TEST_F(GatewayTest, ARotatedSecretStillAnswersKeysStoredUnderThePreviousOne) {
+  store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
+  const std::string first = (dir_ / "first-secret").string();
+  const std::string second = (dir_ / "second-secret").string();
+  std::ofstream(first) << "first secret, long enough\n";
+  std::ofstream(second) << "second secret, long enough\n";
+  const HttpHeaders alice{{"Authorization", "Bearer a"}};
+  const std::string other_charge = R"({"account":"alice","amount":2})";
+
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());  // the plain hash
+  const HttpResponse plain = Charge("rot-plain", kCharge, alice);
+  EXPECT_EQ(plain.status, 201);
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(
+      StartIdemd({"--principal-secret-file", first, "--principal-secret-secondary-file", "plain"}));
+  const HttpResponse from_plain = Charge("rot-plain", kCharge, alice);
+  EXPECT_EQ(from_plain.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(from_plain.body, plain.body);
+  EXPECT_EQ(Charge("rot-1", kCharge, alice).status, 201);  // stored under the first secret
+  EXPECT_EQ(Charge("rot-2", kCharge, alice).status, 201);
+  EXPECT_EQ(LedgerCharges(), 3);
+
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(
+      StartIdemd({"--principal-secret-file", second, "--principal-secret-secondary-file", first}));
+  EXPECT_EQ(Charge("rot-1", kCharge, alice).Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(Charge("rot-2", other_charge, alice).status, 422);  // another payload: key reuse
+  EXPECT_EQ(Charge("rot-3", kCharge, alice).status, 201);       // new: under the second secret
+  EXPECT_EQ(Charge("rot-3", kCharge, alice).Header("Idempotent-Replayed"), "true");
+  // The replayed key was released under the second secret's scope: it still answers from the
+  // first's, and another principal's use of the key is its own.
+  EXPECT_EQ(Charge("rot-1", kCharge, alice).Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(Charge("rot-1", kCharge, {{"Authorization", "Bearer b"}}).status, 201);
+  EXPECT_EQ(LedgerCharges(), 5);
+
+  idemd_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--principal-secret-file", second}));
+  EXPECT_EQ(Charge("rot-3", kCharge, alice).Header("Idempotent-Replayed"), "true");
+  const HttpResponse forgotten = Charge("rot-2", kCharge, alice);
+  EXPECT_EQ(forgotten.status, 201);  // the first secret's scopes are no longer looked up
+  EXPECT_FALSE(forgotten.HasHeader("Idempotent-Replayed"));
+  EXPECT_EQ(LedgerCharges(), 6);
 }
 
 // Without a credential every client lands in the route's one anonymous scope (anonymous =
@@ -1139,6 +1188,46 @@ TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKe
   faulty_.Heal();
   EXPECT_EQ(Charge("s-2").status, 409);  // held until the lease ends, never run twice meanwhile
   EXPECT_EQ(LedgerCharges(), 1);
+}
+
+// Rotation, in process over a store the test also reaches: a key held under the secondary
+// secret's scope with a running lease is 409 (and is not begun under the new scope), one whose
+// lease ran out is run; a store that cannot answer the lookup is 503 and the key is released.
+TEST_F(GatewayStoreFailureTest, ASecondaryScopesRunningLeaseIs409AndItsLookupFailsClosed) {
+  gateway::Config config = InProcessConfig();
+  config.principal_secret = "the new secret, long enough";
+  config.principal_secret_secondary = "the old secret, long enough";
+  auto server = gateway::Server::Start(config, faulty_, registry_);
+  ASSERT_TRUE(server.has_value()) << server.status().ToString();
+  server_ = std::move(*server);
+  port_ = server_->listening().port;
+  const std::string credential = "Bearer a";
+  const HttpHeaders alice{{"Authorization", credential}};
+  const std::string old_scope =
+      gateway::PrincipalScope("/", credential, *config.principal_secret_secondary);
+  const std::string new_scope = gateway::PrincipalScope("/", credential, config.principal_secret);
+
+  auto held = memory_->Begin({.scope = old_scope, .key = "r-held", .lease = 60s});
+  ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
+  EXPECT_EQ(Charge("r-held", kCharge, alice).status, 409);
+  auto under_new = memory_->Get(new_scope, "r-held");
+  ASSERT_TRUE(under_new.has_value());
+  EXPECT_FALSE(under_new->has_value());  // released
+
+  auto abandoned = memory_->Begin({.scope = old_scope, .key = "r-abandoned", .lease = 1ms});
+  ASSERT_TRUE(abandoned.has_value() && std::holds_alternative<Acquired>(*abandoned));
+  std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(Charge("r-abandoned", kCharge, alice).status, 201);
+
+  faulty_.Fail(FaultyStore::kOperator);  // Get
+  const HttpResponse down = Charge("r-new", kCharge, alice);
+  EXPECT_EQ(down.status, 503);
+  faulty_.Heal();
+  auto released = memory_->Get(new_scope, "r-new");
+  ASSERT_TRUE(released.has_value());
+  EXPECT_FALSE(released->has_value());
+  EXPECT_EQ(Charge("r-new", kCharge, alice).status, 201);
+  EXPECT_EQ(LedgerCharges(), 2);
 }
 
 // A store that refuses the request's input (here a key above a store's own max_key_bytes, as
