@@ -120,6 +120,13 @@ class GatewayTest : public ::testing::Test {
     admin_port_ = *admin;
   }
 
+  // Writes a principal secret file into the test's directory and returns its path.
+  std::string SecretFile(std::string_view name, std::string_view secret) const {
+    const auto path = dir_ / name;
+    std::ofstream(path) << secret << "\n";
+    return path.string();
+  }
+
   // Writes a TOML config into the test's directory and returns its path.
   // An in-process gateway's config: loopback on free ports, in front of the ledger.
   gateway::Config InProcessConfig() const {
@@ -387,10 +394,8 @@ TEST_P(GatewayStoresTest, PrincipalsNeverSeeEachOthersResponses) {
 // documented price of changing it).
 TEST_F(GatewayTest, ThePrincipalSecretKeysTheScopeAcrossRestarts) {
   store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
-  const std::string secret = (dir_ / "secret").string();
-  const std::string other = (dir_ / "other-secret").string();
-  std::ofstream(secret) << "first secret, long enough\n";
-  std::ofstream(other) << "second secret, long enough\n";
+  const std::string secret = SecretFile("secret", "first secret, long enough");
+  const std::string other = SecretFile("other-secret", "second secret, long enough");
   const HttpHeaders alice{{"Authorization", "Bearer a"}};
   ASSERT_NO_FATAL_FAILURE(StartIdemd({"--principal-secret-file", secret}));
   EXPECT_EQ(Charge("secret-1", kCharge, alice).status, 201);
@@ -412,10 +417,8 @@ TEST_F(GatewayTest, ThePrincipalSecretKeysTheScopeAcrossRestarts) {
 // plain hash uses "plain". Only dropping the secondary forgets the old scopes.
 TEST_F(GatewayTest, ARotatedSecretStillAnswersKeysStoredUnderThePreviousOne) {
   store_url_ = "log:" + (dir_ / "store").string() + "?sync=always";
-  const std::string first = (dir_ / "first-secret").string();
-  const std::string second = (dir_ / "second-secret").string();
-  std::ofstream(first) << "first secret, long enough\n";
-  std::ofstream(second) << "second secret, long enough\n";
+  const std::string first = SecretFile("first-secret", "first secret, long enough");
+  const std::string second = SecretFile("second-secret", "second secret, long enough");
   const HttpHeaders alice{{"Authorization", "Bearer a"}};
   const std::string other_charge = R"({"account":"alice","amount":2})";
 
