@@ -248,7 +248,8 @@ const std::vector<Option>& Options() {
       {"principal_secret_secondary_file", Kind::kSecondarySecretFile,
        &Config::principal_secret_secondary_file, "FILE",
        "for rotating the secret: another secret file (or \"plain\": no secret) whose scopes are "
-       "looked up too when a key is new under principal_secret_file's, and answered from there "
+       "looked up too when a key is acquired under principal_secret_file's, and answered from "
+       "there "
        "(docs/gateway.md)"},
       {"key_header", Kind::kHeaderName, &Config::key_header, "NAME",
        "request header carrying the idempotency key"},

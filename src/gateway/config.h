@@ -92,10 +92,10 @@ struct Config {
   // hash. Loading reads it into principal_secret (trailing whitespace cut off).
   std::string principal_secret_file{};
   std::string principal_secret{};
-  // Rotation (docs/gateway.md): a second secret, or "plain" for the plain hash. A key new under
-  // the principal's scope is also looked up under the scope this one gives, and answered from
-  // a record found there. Loading reads it into principal_secret_secondary ("" = plain;
-  // nullopt = no secondary).
+  // Rotation (docs/gateway.md): a second secret, or "plain" for the plain hash. A key acquired
+  // under the principal's scope is also looked up under the scope this one gives, and
+  // answered from a record found there. Loading reads it into principal_secret_secondary ("" =
+  // plain; nullopt = no secondary).
   std::string principal_secret_secondary_file{};
   std::optional<std::string> principal_secret_secondary{};
   std::string key_header = "Idempotency-Key";

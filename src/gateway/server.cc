@@ -838,10 +838,11 @@ struct Server::Impl {
                          Outcome::kStoreUnavailable};
       }
       if (auto* acquired = std::get_if<Acquired>(&*answer)) {
-        // New under this scope (attempt 1): it may have been begun under the secondary
-        // secret's scope before the rotation. Every holder of both secrets begins first and
-        // looks second, so two that began the same key under different scopes see each other.
-        if (!secondary.empty() && acquired->attempt == 1) {
+        // Ours under this scope (new, or an abandoned attempt taken over): it may have been
+        // begun, or even completed after such an attempt, under the secondary secret's scope.
+        // Every holder of both secrets begins first and looks second, so two that began the
+        // same key under different scopes see each other.
+        if (!secondary.empty()) {
           if (std::optional<Answer> found =
                   co_await FromSecondary(w, req, scope, secondary, key, fp, acquired->token)) {
             co_return std::move(*found);

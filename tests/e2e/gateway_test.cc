@@ -1194,8 +1194,9 @@ TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKe
 }
 
 // Rotation, in process over a store the test also reaches: a key held under the secondary
-// secret's scope with a running lease is 409 (and is not begun under the new scope), one whose
-// lease ran out is run; a store that cannot answer the lookup is 503 and the key is released.
+// secret's scope with a running lease is 409 (and is not begun under the new scope), also when
+// the new scope's attempt was a takeover; one whose lease ran out is run; a store that cannot
+// answer the lookup is 503 and the key is released.
 TEST_F(GatewayStoreFailureTest, ASecondaryScopesRunningLeaseIs409AndItsLookupFailsClosed) {
   gateway::Config config = InProcessConfig();
   config.principal_secret = "the new secret, long enough";
@@ -1219,8 +1220,15 @@ TEST_F(GatewayStoreFailureTest, ASecondaryScopesRunningLeaseIs409AndItsLookupFai
 
   auto abandoned = memory_->Begin({.scope = old_scope, .key = "r-abandoned", .lease = 1ms});
   ASSERT_TRUE(abandoned.has_value() && std::holds_alternative<Acquired>(*abandoned));
+  // A takeover under the new scope looks too: an attempt abandoned there while the key went
+  // on under the old scope.
+  auto dead = memory_->Begin({.scope = new_scope, .key = "r-taken", .lease = 1ms});
+  ASSERT_TRUE(dead.has_value() && std::holds_alternative<Acquired>(*dead));
+  auto running = memory_->Begin({.scope = old_scope, .key = "r-taken", .lease = 60s});
+  ASSERT_TRUE(running.has_value() && std::holds_alternative<Acquired>(*running));
   std::this_thread::sleep_for(5ms);
   EXPECT_EQ(Charge("r-abandoned", kCharge, alice).status, 201);
+  EXPECT_EQ(Charge("r-taken", kCharge, alice).status, 409);
 
   faulty_.Fail(FaultyStore::kOperator);  // Get
   const HttpResponse down = Charge("r-new", kCharge, alice);
