@@ -30,6 +30,8 @@ using SubscriptionPtr = std::unique_ptr<natsSubscription, SubscriptionCloser>;
 
 // The name an original's Nats-* header gets on its dead letter: Idem-Original-Nats-Msg-Id.
 constexpr std::string_view kOriginalHeaderPrefix = "Idem-Original-";
+// Message ids a dead letter tries (<stream>:<sequence>, then #2, #3, ...) before it gives up.
+constexpr int kMaxDeadLetterIds = 16;
 
 constexpr std::int64_t kNanosPerMilli = 1'000'000;
 
@@ -264,11 +266,6 @@ class NatsBroker final : public Broker {
     if (!Connected()) {
       return UnavailableError("nats: not connected to " + shown_url_ + "; no dead letter sent");
     }
-    natsMsg* raw = nullptr;
-    natsStatus s = natsMsg_Create(&raw, config_.dlq_subject.c_str(), nullptr,
-                                  message.payload.data(), static_cast<int>(message.payload.size()));
-    if (s != NATS_OK) return InternalError(ErrorText("nats: dead letter", s));
-    MsgPtr out(raw);
     Headers headers = DeadLetterHeaders(message, info);
     // Nats-* is the server's namespace: Nats-Msg-Id, Nats-Rollup, Nats-Expected-*, Nats-TTL
     // and what later servers add decide how (and whether) the DLQ stream stores the publish.
@@ -278,25 +275,42 @@ class NatsBroker final : public Broker {
     for (auto& [name, value] : headers) {
       if (StartsWithIgnoreCase(name, "Nats-")) name.insert(0, kOriginalHeaderPrefix);
     }
-    IDEM_RETURN_IF_ERROR(WriteHeaders(out.get(), headers));
-    jsPubOptions po;
-    jsPubOptions_Init(&po);
-    po.MaxWait = config_.request_timeout.count();
     // A dead letter sent again after a crash (before the source message was acked) is stored
-    // once within the DLQ stream's duplicate window.
-    const std::string id = config_.stream + ":" + message.position;
-    po.MsgId = id.c_str();
-    jsPubAck* raw_ack = nullptr;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    s = js_PublishMsg(&raw_ack, js(), out.get(), &po, &jerr);
-    std::unique_ptr<jsPubAck, PubAckCloser> ack(raw_ack);
-    if (s != NATS_OK) {
-      return UnavailableError(ErrorText("nats: dead letter to " + config_.dlq_subject, s));
+    // once within the DLQ stream's duplicate window: its message id is <stream>:<sequence>.
+    // When another message holds that id (one of a source stream of the same name, deleted and
+    // created again within the window), the next ids are tried in a fixed order, <id>#2, #3,
+    // ..., so a repeat after a crash finds its first dead letter again.
+    const std::string base = config_.stream + ":" + message.position;
+    for (int n = 1; n <= kMaxDeadLetterIds; ++n) {
+      const std::string id = n == 1 ? base : base + "#" + std::to_string(n);
+      natsMsg* raw = nullptr;
+      natsStatus s =
+          natsMsg_Create(&raw, config_.dlq_subject.c_str(), nullptr, message.payload.data(),
+                         static_cast<int>(message.payload.size()));
+      if (s != NATS_OK) return InternalError(ErrorText("nats: dead letter", s));
+      MsgPtr out(raw);
+      IDEM_RETURN_IF_ERROR(WriteHeaders(out.get(), headers));
+      jsPubOptions po;
+      jsPubOptions_Init(&po);
+      po.MaxWait = config_.request_timeout.count();
+      po.MsgId = id.c_str();
+      jsPubAck* raw_ack = nullptr;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      s = js_PublishMsg(&raw_ack, js(), out.get(), &po, &jerr);
+      std::unique_ptr<jsPubAck, PubAckCloser> ack(raw_ack);
+      if (s != NATS_OK) {
+        return UnavailableError(ErrorText("nats: dead letter to " + config_.dlq_subject, s));
+      }
+      if (ack == nullptr || !ack->Duplicate) return OkStatus();
+      // A duplicate was not stored: the source may be acknowledged only when the message
+      // already stored under the id is this one's dead letter.
+      Result<bool> ours = IsStoredDeadLetter(*ack, message, id);
+      if (!ours) return ours.error();
+      if (*ours) return OkStatus();
     }
-    // A duplicate was not stored: the source may be acknowledged only when the message already
-    // stored under the id is this one's dead letter.
-    if (ack != nullptr && ack->Duplicate) return CheckStoredDeadLetter(*ack, message, id);
-    return OkStatus();
+    return UnavailableError(
+        "nats: dead letter ids " + base + " to " + base + "#" + std::to_string(kMaxDeadLetterIds) +
+        " are all taken by other messages in " + config_.dlq_stream + "; not stored");
   }
 
   Status Health() override {
@@ -312,12 +326,12 @@ class NatsBroker final : public Broker {
 
   jsCtx* js() { return connection_.js.get(); }
 
-  // After a PubAck that says duplicate: ok when the DLQ message it names is the dead letter of
-  // `message` (a repeat after a crash); kUnavailable when it is another message (the id was
-  // taken, e.g. by a stream deleted and created again within the duplicate window) or cannot
-  // be read.
-  Status CheckStoredDeadLetter(const jsPubAck& ack, const BrokerMessage& message,
-                               const std::string& id) {
+  // After a PubAck that says duplicate: true when the DLQ message it names is the dead letter
+  // of `message` (a repeat after a crash), false when it is another message (the id was taken,
+  // e.g. by a stream deleted and created again within the duplicate window); kUnavailable
+  // when it cannot be read.
+  Result<bool> IsStoredDeadLetter(const jsPubAck& ack, const BrokerMessage& message,
+                                  const std::string& id) {
     const std::string stream = ack.Stream != nullptr ? ack.Stream : config_.dlq_stream;
     const std::string what = "nats: dead letter " + id + " was taken for a duplicate of " + stream +
                              "/" + std::to_string(ack.Sequence);
@@ -335,8 +349,7 @@ class NatsBroker final : public Broker {
         std::string_view(natsMsg_GetData(stored.get()),
                          static_cast<std::size_t>(natsMsg_GetDataLength(stored.get()))) ==
             message.payload;
-    if (same) return OkStatus();
-    return UnavailableError(what + ", which is another message; not stored");
+    return same;
   }
 
   bool Connected() const {

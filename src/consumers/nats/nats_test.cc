@@ -503,7 +503,10 @@ TEST(NatsBrokerTest, DeadLetterKeepsTheOriginalsNatsHeadersUnderAnotherName) {
   EXPECT_EQ(HeaderOf(r, "Idempotency-Key"), "kr");
 }
 
-TEST(NatsBrokerTest, DeadLetterWhoseIdIsTakenByAnotherMessageIsNotStored) {
+// Another message already holds the dead letter's message id in the DLQ stream (e.g. one of a
+// source stream of the same name, deleted and created again within the duplicate window): the
+// dead letter goes under the next id, <id>#2, and a repeat (after a crash) finds it there.
+TEST(NatsBrokerTest, DeadLetterWhoseIdIsTakenByAnotherMessageGoesUnderTheNextId) {
   Names n;
   const std::string url = SharedUrl();
   auto b = Open(n.Config(url));
@@ -512,18 +515,34 @@ TEST(NatsBrokerTest, DeadLetterWhoseIdIsTakenByAnotherMessageIsNotStored) {
   ASSERT_TRUE(p->Publish(n.Subject("x"), "poison", {{"Idempotency-Key", "k-1"}}).has_value());
   const auto got = PollN(*b, 1, 5s);
   ASSERT_EQ(got.size(), 1u);
-  // Another message already holds the dead letter's message id in the DLQ stream (e.g. one of
-  // a source stream of the same name, deleted and created again within the duplicate window).
-  ASSERT_TRUE(
-      p->Publish(n.dlq_subject, "someone-else", {{"Nats-Msg-Id", n.stream + ":" + got[0].position}})
-          .has_value());
-  const Status dead = b->DeadLetter(got[0], {.reason = "permanent", .attempts = 1});
-  EXPECT_EQ(dead.code(), StatusCode::kUnavailable) << dead.ToString();
-  EXPECT_THAT(dead.message(), HasSubstr("duplicate"));
+  const std::string id = n.stream + ":" + got[0].position;
+  ASSERT_TRUE(p->Publish(n.dlq_subject, "someone-else", {{"Nats-Msg-Id", id}}).has_value());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Status dead = b->DeadLetter(got[0], {.reason = "permanent", .attempts = 1});
+    EXPECT_TRUE(dead.ok()) << dead.ToString();
+  }
   auto dlq = ReadStream(url, n.dlq_stream);
   ASSERT_TRUE(dlq.has_value()) << dlq.error().ToString();
-  ASSERT_EQ(dlq->size(), 1u);
-  EXPECT_EQ(dlq->front().payload, "someone-else");
+  ASSERT_EQ(dlq->size(), 2u);
+  EXPECT_EQ((*dlq)[0].payload, "someone-else");
+  EXPECT_EQ((*dlq)[1].payload, "poison");
+  EXPECT_EQ(HeaderOf((*dlq)[1].headers, "Nats-Msg-Id"), id + "#2");
+
+  // Every id taken: refused, nothing stored, the source not to be acknowledged.
+  ASSERT_TRUE(p->Publish(n.Subject("x"), "poison-2", {{"Idempotency-Key", "k-2"}}).has_value());
+  const auto second = PollN(*b, 1, 5s);
+  ASSERT_EQ(second.size(), 1u);
+  const std::string second_id = n.stream + ":" + second[0].position;
+  for (int i = 1; i <= 16; ++i) {
+    const std::string taken = i == 1 ? second_id : second_id + "#" + std::to_string(i);
+    ASSERT_TRUE(p->Publish(n.dlq_subject, "other", {{"Nats-Msg-Id", taken}}).has_value());
+  }
+  const Status refused = b->DeadLetter(second[0], {.reason = "permanent", .attempts = 1});
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_THAT(refused.message(), HasSubstr("all taken"));
+  dlq = ReadStream(url, n.dlq_stream);
+  ASSERT_TRUE(dlq.has_value()) << dlq.error().ToString();
+  EXPECT_EQ(dlq->size(), 18u);
 }
 
 TEST(NatsBrokerTest, ExistingStreamsAreUsedAsTheyAre) {
