@@ -155,6 +155,20 @@ constexpr std::string_view kOutcomeNames[] = {
     "bad_request", "store_unavailable", "upstream_error", "pass_through"};
 static_assert(std::size(kOutcomeNames) == static_cast<std::size_t>(Outcome::kCount));
 
+// What a lookup under the secondary secret's scope (rotation) found.
+enum class SecondaryResult : std::uint8_t {
+  kAbsent,    // nothing there, or an abandoned attempt: the request runs under the primary
+  kReplayed,  // a completion with this payload: replayed
+  kKeyReuse,  // a completion with another payload: 422
+  kInFlight,  // a running lease: 409
+  kError,     // the store could not answer: 503
+  kCount,
+};
+constexpr std::string_view kSecondaryResultNames[] = {"absent", "replayed", "key_reuse",
+                                                      "in_flight", "error"};
+static_assert(std::size(kSecondaryResultNames) ==
+              static_cast<std::size_t>(SecondaryResult::kCount));
+
 // ---- metrics ----
 
 struct RouteMetrics {
@@ -187,7 +201,16 @@ class GatewayMetrics {
     upstream_connects =
         &registry.AddCounter("idemd_upstream_connections_total", "Upstream connections opened");
     connections = &registry.AddGauge("idemd_connections", "Client connections open");
+    for (int r = 0; r < static_cast<int>(SecondaryResult::kCount); ++r) {
+      secondary_lookups_[r] = &registry.AddCounter(
+          "idemd_secondary_scope_lookups_total",
+          "Keys new under the principal secret's scope also looked up under the secondary "
+          "secret's (rotation), by what was found",
+          {{"result", std::string(kSecondaryResultNames[r])}});
+    }
   }
+
+  void CountSecondary(SecondaryResult r) { secondary_lookups_[static_cast<int>(r)]->Inc(); }
 
   void Count(const Route* route, const Config& config, Outcome o, std::chrono::nanoseconds d) {
     // Label "-" unless the route is one of the configured ones (RouteFor may return a built-in
@@ -210,6 +233,7 @@ class GatewayMetrics {
  private:
   std::vector<std::string> labels_;
   std::vector<RouteMetrics> routes_;
+  Counter* secondary_lookups_[static_cast<int>(SecondaryResult::kCount)];
 };
 
 // ---- upstream target ----
@@ -901,21 +925,30 @@ struct Server::Impl {
                                                  Token token) {
     Result<std::optional<Record>> found = co_await StoreGet(w, secondary, key);
     std::optional<Answer> answer;
+    SecondaryResult result = SecondaryResult::kAbsent;
     if (!found) {
       log.Write(Level::kWarn,
                 Cat("event=store_error op=get error=\"", found.error().ToString(), "\""));
+      metrics.store.store_errors->Inc();
       answer.emplace(Unavailable(req, "the idempotency store cannot be reached"),
                      Outcome::kStoreUnavailable);
+      result = SecondaryResult::kError;
     } else if (!found->has_value()) {
-      co_return std::nullopt;
+      // Nothing there: run it under `scope`.
     } else if (const Record& r = **found; r.state == RecordState::kInProgress) {
-      if (r.lease_deadline <= Clock::System().Now()) co_return std::nullopt;
-      answer.emplace(MakeProblem(req, problems::InFlight(key)), Outcome::kInFlight);
+      if (r.lease_deadline > Clock::System().Now()) {
+        answer.emplace(MakeProblem(req, problems::InFlight(key)), Outcome::kInFlight);
+        result = SecondaryResult::kInFlight;
+      }
     } else if (r.fingerprint && *r.fingerprint != fp) {
       answer.emplace(MakeProblem(req, problems::KeyReuse(key)), Outcome::kKeyReuse);
+      result = SecondaryResult::kKeyReuse;
     } else {
       answer.emplace(Replayed(req, r.response));
+      result = SecondaryResult::kReplayed;
     }
+    metrics.CountSecondary(result);
+    if (!answer) co_return std::nullopt;
     co_await ReleaseKey(w, scope, key, token);
     co_return answer;
   }

@@ -447,6 +447,17 @@ TEST_F(GatewayTest, ARotatedSecretStillAnswersKeysStoredUnderThePreviousOne) {
   EXPECT_EQ(Charge("rot-1", kCharge, alice).Header("Idempotent-Replayed"), "true");
   EXPECT_EQ(Charge("rot-1", kCharge, {{"Authorization", "Bearer b"}}).status, 201);
   EXPECT_EQ(LedgerCharges(), 5);
+  // What the lookups found, for deciding when the secondary has stopped mattering.
+  auto metrics = HttpRequest(admin_port_, "GET", "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_secondary_scope_lookups_total{result=\"replayed\"} 2\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_secondary_scope_lookups_total{result=\"key_reuse\"} 1\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_secondary_scope_lookups_total{result=\"absent\"} 2\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_secondary_scope_lookups_total{result=\"in_flight\"} 0\n"));
 
   idemd_.reset();
   ASSERT_NO_FATAL_FAILURE(StartIdemd({"--principal-secret-file", second}));
@@ -455,6 +466,12 @@ TEST_F(GatewayTest, ARotatedSecretStillAnswersKeysStoredUnderThePreviousOne) {
   EXPECT_EQ(forgotten.status, 201);  // the first secret's scopes are no longer looked up
   EXPECT_FALSE(forgotten.HasHeader("Idempotent-Replayed"));
   EXPECT_EQ(LedgerCharges(), 6);
+  metrics = HttpRequest(admin_port_, "GET", "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_secondary_scope_lookups_total{result=\"absent\"} 0\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idemd_secondary_scope_lookups_total{result=\"replayed\"} 0\n"));
 }
 
 // Without a credential every client lands in the route's one anonymous scope (anonymous =
@@ -1239,6 +1256,12 @@ TEST_F(GatewayStoreFailureTest, ASecondaryScopesRunningLeaseIs409AndItsLookupFai
   EXPECT_FALSE(released->has_value());
   EXPECT_EQ(Charge("r-new", kCharge, alice).status, 201);
   EXPECT_EQ(LedgerCharges(), 2);
+  const std::string text = registry_.RenderPrometheus();
+  EXPECT_THAT(text, HasSubstr("idemd_secondary_scope_lookups_total{result=\"in_flight\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("idemd_secondary_scope_lookups_total{result=\"absent\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("idemd_secondary_scope_lookups_total{result=\"error\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("idemd_secondary_scope_lookups_total{result=\"replayed\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("idem_store_errors_total{scope=\"gateway\"} 1\n"));
 }
 
 // A store that refuses the request's input (here a key above a store's own max_key_bytes, as
