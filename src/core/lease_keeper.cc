@@ -24,7 +24,8 @@ LeaseKeeper::Hold::Hold(LeaseKeeper& keeper, std::function<void()> keep)
 }
 
 LeaseKeeper::Hold::~Hold() {
-  std::lock_guard lock(keeper_.mu_);
+  std::unique_lock lock(keeper_.mu_);
+  keeper_.called_cv_.wait(lock, [this] { return keeper_.calling_ != this; });
   auto& holds = keeper_.holds_;
   const auto it = std::find(holds.begin(), holds.end(), this);
   *it = holds.back();
@@ -33,11 +34,23 @@ LeaseKeeper::Hold::~Hold() {
 
 void LeaseKeeper::Loop() {
   std::unique_lock lock(mu_);
+  std::vector<Hold*> turn;
   while (!stop_) {
     // Spurious wake-ups only call the functions early; they decide what is due.
     cv_.wait_for(lock, period_);
-    if (stop_) return;
-    for (Hold* h : holds_) h->keep_();
+    turn = holds_;
+    for (Hold* h : turn) {
+      if (stop_) return;
+      // Dropped since the turn began (a Hold made since at the same address is called
+      // instead, which is as good: its function decides what is due).
+      if (std::find(holds_.begin(), holds_.end(), h) == holds_.end()) continue;
+      calling_ = h;
+      lock.unlock();
+      h->keep_();
+      lock.lock();
+      calling_ = nullptr;
+      called_cv_.notify_all();
+    }
   }
 }
 

@@ -8,9 +8,11 @@
 //
 // Taking and dropping a Hold costs one uncontended mutex each and never wakes the thread (it
 // sleeps `period` at a time), so a handler of a microsecond pays nothing more; the function's
-// first call comes within one period. The functions run one at a time under the keeper's
-// mutex, and a Hold's destructor waits for a call of its function that is under way: the
-// function may use what its holder owns until the Hold is gone, without locks of its own.
+// first call comes within one period. The functions run one at a time on the keeper's thread,
+// outside its mutex: a function stuck in a slow store call delays the other holds' functions,
+// never another handler's start or end. A Hold's destructor waits only for a call of its own
+// function that is under way: the function may use what its holder owns until the Hold is
+// gone, without locks of its own.
 #ifndef IDEM_CORE_LEASE_KEEPER_H_
 #define IDEM_CORE_LEASE_KEEPER_H_
 
@@ -50,9 +52,11 @@ class LeaseKeeper {
   void Loop();
 
   const std::chrono::milliseconds period_;
-  std::mutex mu_;  // guards everything below; held while the functions run
-  std::condition_variable cv_;
+  std::mutex mu_;                      // guards everything below
+  std::condition_variable cv_;         // the thread sleeps on it
+  std::condition_variable called_cv_;  // a Hold's destructor waits on it for `calling_`
   std::vector<Hold*> holds_;
+  const Hold* calling_ = nullptr;  // the Hold whose function runs now
   bool stop_ = false;
   std::thread thread_;  // last: starts once the rest is ready
 };
