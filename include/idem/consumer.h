@@ -169,6 +169,11 @@ struct ConsumerOptions {
   // did not answer). false: one handler call must end within lease / 2, or another worker may
   // take its key over and run it too.
   bool keep_leases = true;
+  // 0 (or less): a handler call's leases are kept as long as it runs. Else the keeper stops
+  // extending them (and touching the messages) this long after the call began, so a handler
+  // that hangs does not hold the batch's keys for the life of the process: once the last
+  // extension runs out they are taken over, and the broker redelivers the messages.
+  std::chrono::milliseconds keep_leases_for{0};
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::chrono::milliseconds failure_retention{24 * 3600 * 1000};  // dead-lettered keys
   std::uint32_t max_attempts = 5;          // handler runs per key (takeovers count) before the DLQ

@@ -83,6 +83,11 @@ struct ReceiverOptions {
   // taken over only if this process stops extending it (it died, or the store did not
   // answer). false: a handler that outlives its lease may be run by another worker too.
   bool keep_leases = true;
+  // 0: the lease is kept as long as the handler runs. Else the keeper stops extending it this
+  // long after the handler started, so a handler that hangs does not hold its key for the life
+  // of the process: once the last extension runs out the key is taken over (and the hung
+  // handler's completion gets LeaseLost). Negative: every Receive fails with kInvalidArgument.
+  std::chrono::milliseconds keep_leases_for{0};
   std::chrono::milliseconds retention{24 * 3600 * 1000};
   std::chrono::milliseconds failure_retention{3600 * 1000};
   BusyPolicy busy_policy = BusyPolicy::kReject;

@@ -363,9 +363,12 @@ struct Consumer::Impl {
           Impl* self;
           std::vector<Item>* items;
           Timestamp* leases_from;
-        } lent{this, &items, &leases_from};
+          Timestamp until;  // keep_leases_for: no extension past it
+        } lent{this, &items, &leases_from, KeepUntil()};
         if (keeper) {
-          held.emplace(*keeper, [l = &lent] { l->self->ExtendIfDue(*l->items, *l->leases_from); });
+          held.emplace(*keeper, [l = &lent] {
+            if (l->self->clock.Now() < l->until) l->self->ExtendIfDue(*l->items, *l->leases_from);
+          });
         }
         verdict = handler(ctx, *item.message);
       } catch (const std::exception& e) {
@@ -408,6 +411,14 @@ struct Consumer::Impl {
   // a long batch (retries, Busy waits) does not lose them to another worker; the unsettled
   // messages are touched with them. True when it was due. A key whose lease was lost anyway
   // is marked: its message belongs to the worker that took it over.
+  // When a handler call starting now stops being kept (keep_leases_for), max for never.
+  Timestamp KeepUntil() const {
+    const milliseconds limit = options.keep_leases_for;
+    const Timestamp now = clock.Now();
+    if (limit.count() <= 0 || limit >= Timestamp::max() - now) return Timestamp::max();
+    return now + limit;
+  }
+
   bool ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
     const Timestamp now = clock.Now();
     if (now - leases_from < options.lease / 2) return false;

@@ -603,13 +603,14 @@ class KeptLeasesTest : public ::testing::TestWithParam<bool> {
   };
 
   // One round over "slow" (a handler of 2.5 s) and "next", with 1 s leases.
-  Probe RunSlowHandler(bool keep_leases) {
+  Probe RunSlowHandler(bool keep_leases, milliseconds keep_leases_for = milliseconds(0)) {
     broker_.PublishKeyed("p0", "slow");
     broker_.PublishKeyed("p0", "next");
     ConsumerOptions o;
     o.scope = "payments";
     o.lease = milliseconds(1'000);
     o.keep_leases = keep_leases;
+    o.keep_leases_for = keep_leases_for;
     o.pipeline = GetParam();
     Probe probe;
     Consumer consumer(
@@ -662,6 +663,18 @@ TEST_P(KeptLeasesTest, WithoutTheKeeperTheSameHandlerLosesItsKey) {
   auto rec = store_->Get("payments", "slow");
   ASSERT_TRUE(rec.has_value() && rec->has_value());
   EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+}
+
+// keep_leases_for bounds a hung handler: extensions stop 1.2 s into the call (the last one
+// about 1 s in, good until ~2 s), so the key is still held at 1.25 s and taken over by 2.5 s.
+TEST_P(KeptLeasesTest, PastKeepLeasesForAHandlerLosesItsKey) {
+  const Probe probe = RunSlowHandler(/*keep_leases=*/true, milliseconds(1'200));
+  EXPECT_EQ(probe.runs, 1);
+  EXPECT_EQ(probe.answers, (std::vector<std::string>{"busy", "acquired"}));
+  EXPECT_EQ(lease_lost_, 1u);  // the hung handler's completion was refused
+  auto rec = store_->Get("payments", "slow");
+  ASSERT_TRUE(rec.has_value() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);  // the other worker's
 }
 
 INSTANTIATE_TEST_SUITE_P(Sequential, KeptLeasesTest, ::testing::Values(false));

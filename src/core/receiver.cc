@@ -88,12 +88,14 @@ LeaseHold::LeaseHold(LeaseKeeper* keeper, Store& store, Clock& clock,
     : store_(store), clock_(clock), options_(options), key_(key), token_(token) {
   if (keeper == nullptr) return;
   extended_ = clock_.Now();
+  started_ = extended_;
   hold_.emplace(*keeper, [this] { Keep(); });
 }
 
 void LeaseHold::Keep() {
   const Timestamp now = clock_.Now();
   if (now - extended_ < options_.lease / 2) return;
+  if (options_.keep_leases_for.count() > 0 && now - started_ >= options_.keep_leases_for) return;
   auto r = store_.Extend(options_.scope, key_, token_, options_.lease);
   if (!r) {
     if (options_.metrics != nullptr) options_.metrics->store_errors->Inc();
@@ -158,6 +160,9 @@ Status CheckOptions(const ReceiverOptions& o) {
   for (Status s : {core::CheckLease(o.lease), core::CheckRetention(o.retention),
                    core::CheckRetention(o.failure_retention)}) {
     if (!s.ok()) return InvalidArgumentError("receiver options: " + s.message());
+  }
+  if (o.keep_leases_for.count() < 0) {
+    return InvalidArgumentError("receiver options: keep_leases_for is negative");
   }
   return OkStatus();
 }

@@ -30,7 +30,8 @@ Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::str
 Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics);
 
 // While a handler runs: holds its key's lease in `keeper` (when not null), extending it through
-// `store` once half of options.lease has gone since the Begin (about now). A store error is
+// `store` once half of options.lease has gone since the Begin (about now), until
+// options.keep_leases_for (when set) has passed. A store error is
 // counted and tried again at the keeper's next turn; once LeaseLost, the hold stops extending
 // (the handler's completion is then refused and says so). `key` and `token` must outlive the
 // hold.
@@ -50,6 +51,7 @@ class LeaseHold {
   const std::string_view key_;
   const Token token_;
   Timestamp extended_;  // the lease runs from here; max: lost, nothing more to extend
+  Timestamp started_;   // for options.keep_leases_for
   std::optional<LeaseKeeper::Hold> hold_;  // last: destroyed (waiting for Keep) first
 };
 

@@ -429,6 +429,38 @@ TEST(ReceiverKeptLeaseTest, WithoutTheKeeperTheKeyIsTakenOver) {
   EXPECT_EQ(res.error().code(), StatusCode::kAborted);
 }
 
+// keep_leases_for bounds a hung handler: with a 400 ms lease, extensions stop 1 s into the
+// handler, so another worker's Begin is Busy at 0.9 s and takes the key over at 2 s (the last
+// extension, before 1 s, is good until 1.4 s at most); the handler's completion is refused.
+TEST(ReceiverKeptLeaseTest, PastKeepLeasesForTheKeyIsTakenOver) {
+  auto store = NewMemoryStore({.reclaim_interval = milliseconds(0)});
+  ReceiverOptions o;
+  o.scope = "payments";
+  o.lease = milliseconds(400);
+  o.keep_leases_for = milliseconds(1'000);
+  Receiver r(*store, o);
+  std::vector<std::string> answers;
+  auto res = r.Receive({.key = "hung"}, [&](const HandlerContext&) {
+    for (const milliseconds wait : {milliseconds(900), milliseconds(1'100)}) {
+      std::this_thread::sleep_for(wait);
+      auto other = store->Begin({"payments", "hung", std::nullopt, milliseconds(60'000)});
+      answers.push_back(other ? std::string(BeginAnswerName(*other)) : "error");
+    }
+    return HandlerResult{Outcome::kSuccess, "charged"};
+  });
+  EXPECT_EQ(answers, (std::vector<std::string>{"busy", "acquired"}));
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kAborted);
+
+  o.keep_leases_for = milliseconds(-1);
+  Receiver bad(*store, o);
+  auto refused =
+      bad.Receive({.key = "other"}, [](const HandlerContext&) { return HandlerResult{}; });
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.error().message(), "receiver options: keep_leases_for is negative");
+}
+
 // Many concurrent long handlers share the receiver's one keeper; each keeps its own key.
 TEST(ReceiverKeptLeaseTest, ConcurrentHandlersEachKeepTheirKey) {
   auto store = NewMemoryStore({.reclaim_interval = milliseconds(0)});
