@@ -414,9 +414,9 @@ struct Consumer::Impl {
   // When a handler call starting now stops being kept (keep_leases_for), max for never.
   Timestamp KeepUntil() const {
     const milliseconds limit = options.keep_leases_for;
+    if (limit.count() <= 0) return Timestamp::max();  // no clock read per call when unset
     const Timestamp now = clock.Now();
-    if (limit.count() <= 0 || limit >= Timestamp::max() - now) return Timestamp::max();
-    return now + limit;
+    return limit >= Timestamp::max() - now ? Timestamp::max() : now + limit;
   }
 
   bool ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
