@@ -104,6 +104,19 @@ void LeaseHold::Keep() {
   extended_ = *r == WriteAnswer::kApplied ? now : Timestamp::max();
 }
 
+// Durations the store would refuse only once the handler had run (Complete with a retention
+// out of range): refused before any call instead.
+Status CheckReceiverOptions(const ReceiverOptions& o) {
+  for (Status s :
+       {CheckLease(o.lease), CheckRetention(o.retention), CheckRetention(o.failure_retention)}) {
+    if (!s.ok()) return InvalidArgumentError("receiver options: " + s.message());
+  }
+  if (o.keep_leases_for.count() < 0) {
+    return InvalidArgumentError("receiver options: keep_leases_for is negative");
+  }
+  return OkStatus();
+}
+
 }  // namespace core
 
 // In-process executions of a key, for BusyPolicy::kCoalesce: the first caller runs, concurrent
@@ -153,25 +166,10 @@ struct Receiver::Flights {
   }
 };
 
-namespace {
-// Durations the store would refuse only once the handler had run (Complete with a retention
-// out of range): refused before any call instead.
-Status CheckOptions(const ReceiverOptions& o) {
-  for (Status s : {core::CheckLease(o.lease), core::CheckRetention(o.retention),
-                   core::CheckRetention(o.failure_retention)}) {
-    if (!s.ok()) return InvalidArgumentError("receiver options: " + s.message());
-  }
-  if (o.keep_leases_for.count() < 0) {
-    return InvalidArgumentError("receiver options: keep_leases_for is negative");
-  }
-  return OkStatus();
-}
-}  // namespace
-
 Receiver::Receiver(Store& store, ReceiverOptions options)
     : store_(store),
       options_(std::move(options)),
-      options_status_(CheckOptions(options_)),
+      options_status_(core::CheckReceiverOptions(options_)),
       clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
       flights_(std::make_unique<Flights>()) {
   if (options_.keep_leases && options_status_.ok()) {

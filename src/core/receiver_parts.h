@@ -23,6 +23,10 @@ namespace idem::core {
 // receiver fails closed and never turns a store error into a guess.
 Status StoreError(const Status& s, std::string_view what);
 
+// options' durations and limits, checked before any store call (kInvalidArgument naming the
+// option): the receivers refuse every Receive with it.
+Status CheckReceiverOptions(const ReceiverOptions& options);
+
 // The payload's fingerprint per `mode` (nullopt for kNone); bad JSON is kInvalidArgument.
 Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::string_view payload);
 

@@ -183,6 +183,7 @@ class TransactionalReceiver {
 
   Store& store_;
   ReceiverOptions options_;
+  Status options_status_;  // not ok: every Receive fails with it
   Clock& clock_;
   Receiver keys_;  // key extraction and validation, shared with the plain receiver
   std::unique_ptr<core::LeaseKeeper> keeper_;  // keep_leases

@@ -93,11 +93,14 @@ Result<PgRows> PgTransaction::Exec(std::string_view sql,
 TransactionalReceiver::TransactionalReceiver(Store& store, ReceiverOptions options)
     : store_(store),
       options_(std::move(options)),
+      options_status_(core::CheckReceiverOptions(options_)),
       clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
       keys_(store, KeysOnly(options_)) {
   IDEM_CHECK_MSG(pg::AsPostgres(store) != nullptr,
                  "TransactionalReceiver needs a store from OpenPostgresStore");
-  if (options_.keep_leases) keeper_ = std::make_unique<core::LeaseKeeper>(options_.lease / 8);
+  if (options_.keep_leases && options_status_.ok()) {
+    keeper_ = std::make_unique<core::LeaseKeeper>(options_.lease / 8);
+  }
 }
 
 TransactionalReceiver::~TransactionalReceiver() = default;
@@ -108,6 +111,7 @@ Result<BeginAnswer> TransactionalReceiver::CountedBegin(const BeginRequest& req)
 
 Result<Delivered> TransactionalReceiver::Receive(const Message& message,
                                                  const TransactionalHandler& handler) {
+  if (!options_status_.ok()) return options_status_;
   auto fp = FingerprintFor(options_.fingerprint, message.payload);
   if (!fp) return fp.error();
   auto key = keys_.KeyOf(message);

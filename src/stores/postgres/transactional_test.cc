@@ -205,6 +205,33 @@ TEST_F(TransactionalTest, AKeptLeaseOutlastsALongHandler) {
   EXPECT_EQ(EffectCount(), 1);
 }
 
+// Options the store would refuse (or that make no sense) fail every Receive before any store
+// call, as the plain receiver's do: the handler never runs and no record is made.
+TEST_F(TransactionalTest, BadOptionsFailEveryReceiveBeforeTheStore) {
+  ReceiverOptions negative = Options();
+  negative.keep_leases_for = std::chrono::milliseconds(-1);
+  negative.keep_leases = true;
+  TransactionalReceiver bad_keep(*store_, negative);
+  const auto r = bad_keep.Receive({.key = "bad-1"}, Writes({Outcome::kSuccess, "done"}));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.error().message(), "receiver options: keep_leases_for is negative");
+
+  ReceiverOptions no_lease = Options();
+  no_lease.lease = std::chrono::milliseconds(0);
+  TransactionalReceiver bad_lease(*store_, no_lease);
+  const auto l = bad_lease.Receive({.key = "bad-2"}, Writes({Outcome::kSuccess, "done"}));
+  ASSERT_FALSE(l.has_value());
+  EXPECT_EQ(l.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(l.error().message(), ::testing::StartsWith("receiver options: "));
+
+  EXPECT_EQ(runs_.load(), 0);
+  EXPECT_EQ(EffectCount(), 0);
+  for (const char* key : {"bad-1", "bad-2"}) {
+    EXPECT_THAT(store_->Get("tx", key), HoldsValue(IsNone())) << key;
+  }
+}
+
 TEST_F(TransactionalTest, DuplicateWhileRunningIsBusyThenReplayed) {
   TransactionalReceiver receiver(*store_, Options());
   std::mutex mu;
