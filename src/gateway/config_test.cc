@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -28,11 +30,14 @@ std::string Error(std::string_view toml) {
 
 std::string FormatForTest(const Endpoint& e) { return e.host + ":" + std::to_string(e.port); }
 
-// A file in the test's temp dir, removed when the test ends.
+// A file in the test's temp dir, removed when the test ends. The name holds the process id:
+// ctest runs each test in a process of its own, in parallel, and two tests using one name
+// (short-secret) would otherwise remove each other's file.
 class TempFile {
  public:
   TempFile(std::string_view name, std::string_view text)
-      : path_(::testing::TempDir() + "idem_config_test_" + std::string(name)) {
+      : path_(::testing::TempDir() + "idem_config_test_" + std::to_string(::getpid()) + "_" +
+              std::string(name)) {
     std::ofstream(path_) << text;
   }
   ~TempFile() { std::remove(path_.c_str()); }
