@@ -181,10 +181,12 @@ struct ConsumerOptions {
   std::chrono::milliseconds max_backoff{10'000};
   double jitter = 0.5;  // each delay is scaled by a random factor in [1 - jitter, 1]
   std::chrono::milliseconds busy_timeout{0};  // 0: lease + 1 s
-  // Overlap each batch's CompleteBatch (on a thread of the consumer's own) with the next
-  // batch's Poll and BeginBatch, so a durable store's two syncs per batch become about one.
-  // A batch is then acknowledged during the next RunOnce (or Flush); messages of a partition
-  // the previous batch hands back are handed back with it, so order still holds.
+  // Overlap the store with the broker: a batch's begins go to the store together with the
+  // previous batch's completions (one StartBatch, from a thread of the consumer's own: one
+  // group commit) while the next batch is polled. A batch's handlers then run during the next
+  // RunOnce, once the completions before them are stored, and it is acknowledged during the
+  // one after (or Flush); what an earlier batch hands back takes the later messages of its
+  // partition with it, unrun, so order still holds. docs/consumers.md, "Pipelining".
   bool pipeline = false;
   // Time and waits (backoff, Busy). nullptr: the system clock, and waits that Stop() cuts
   // short; a fake clock's SleepFor lets tests run retries without sleeping.
@@ -216,9 +218,10 @@ class Consumer {
 
   // One poll-process-acknowledge round; the number of messages polled, or the error that
   // stopped the round (nothing unsettled was acknowledged). With options.pipeline the round
-  // completes and acknowledges the previous batch, and leaves its own completing: Flush().
+  // polls a batch and begins it, runs the previous batch's handlers and acknowledges the one
+  // before that; what it leaves in flight is finished by the next rounds, or by Flush().
   Result<std::size_t> RunOnce();
-  // Completes and acknowledges a batch a pipelined RunOnce left behind, then waits for the
+  // Runs, completes and acknowledges what pipelined rounds left in flight, then waits for the
   // broker's answers to the acknowledgements (Broker::Settle); ok when nothing was left.
   Status Flush();
   // Rounds until Stop(), then Flush(); backs off after errors.

@@ -466,10 +466,11 @@ Top-level options (file or flag):
   backoff, max_backoff  retry delays: backoff doubling up to max_backoff, with jitter
                      (default 100ms, 10s)
   busy_timeout       how long a key another worker holds is waited for (default lease + 1s)
-  pipeline           store a batch's completions while the next batch is polled and begun:
-                     a durable store's two syncs per batch become about one (default true
-                     for kafka and redis; false for nats, where it would let a restarted
-                     consumer run newer messages of a subject before older ones)
+  pipeline           poll the next batch while a batch's begins (with the completions of
+                     the batch before it) go to the store: one group commit per batch, and
+                     its sync overlaps the poll (default true for kafka and redis; false for
+                     nats, where it would let a restarted consumer run newer messages of a
+                     subject before older ones)
 
 Durations: "250ms", "30s", "5m", "1h" or an integer of milliseconds.
 Exit status: 0 after SIGTERM/SIGINT, 1 when the store, a broker or the admin listener cannot be

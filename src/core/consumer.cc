@@ -6,7 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
-#include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,7 +16,6 @@
 #include <utility>
 #include <vector>
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 
 #include "core/lease_keeper.h"
 #include "core/receiver_parts.h"
@@ -187,6 +186,14 @@ struct Round {
   std::vector<Item> items;
   std::vector<std::string_view> partitions;  // distinct, in order of first appearance
   std::vector<Completion> completions;
+  // What Finish decided (Cut) and then did (Acknowledge): the messages to acknowledge, and by
+  // partition index those to hand back, partitions in order of their first such message.
+  std::vector<const BrokerMessage*> ack;
+  std::vector<std::vector<const BrokerMessage*>> back;
+  std::vector<std::uint32_t> back_order;
+  // Keys to free in Acknowledge: its own acquired but not run, and those of later batches' items
+  // that go back with it (pipelined).
+  std::vector<Item*> release;
   bool store_failed = false;
   bool broker_failed = false;
   std::chrono::milliseconds handback_delay{0};
@@ -524,7 +531,9 @@ struct Consumer::Impl {
     requests.reserve(r.items.size());
     for (std::size_t i = 0; i < r.items.size(); ++i) {
       Item& item = r.items[i];
-      if (!item.poison_reason.empty()) continue;
+      // Poison is dead-lettered unbegun; a message handed back already (pipelined: with an
+      // earlier batch's messages of its partition) is not begun at all.
+      if (!item.poison_reason.empty() || item.fate == Fate::kReturned) continue;
       auto [it, inserted] = first_of.try_emplace(item.key, static_cast<int>(i));
       if (!inserted) {
         item.first = it->second;
@@ -549,39 +558,6 @@ struct Consumer::Impl {
     answers = store.BeginBatch(requests);
     NoteBegins(r, answers, sw.Elapsed());
     return answers;
-  }
-
-  // What the store answered to begins started with Store::StartBatch, and how long it took
-  // (the metric's latency: until the store answered, not until the consumer looked).
-  struct StartedBegins {
-    std::vector<Result<BeginAnswer>> answers;
-    std::chrono::nanoseconds took{0};
-  };
-
-  // Starts the begins without waiting for them, where the store can (StartBatch), so that a
-  // durable store's sync runs while the previous batch is acknowledged; nullopt when the store
-  // only answers through BeginBatch (from then on, it is not asked again) or there is nothing
-  // to begin.
-  std::optional<std::future<StartedBegins>> StartBegins(std::span<const BeginRequest> requests) {
-    if (requests.empty() || !store_starts_batches) return std::nullopt;
-    // Shared with the callback, which the store may call on its own thread.
-    auto promise = std::make_shared<std::promise<StartedBegins>>();
-    std::future<StartedBegins> answered = promise->get_future();
-    const bool accepted =
-        store.StartBatch(requests, {}, [promise, sw = core::Stopwatch()](BatchAnswers answers) {
-          promise->set_value({std::move(answers.begins), sw.Elapsed()});
-        });
-    if (!accepted) {
-      store_starts_batches = false;
-      return std::nullopt;
-    }
-    return answered;
-  }
-
-  std::vector<Result<BeginAnswer>> AwaitBegins(Round& r, std::future<StartedBegins>& answered) {
-    StartedBegins got = answered.get();
-    NoteBegins(r, got.answers, got.took);
-    return std::move(got.answers);
   }
 
   void NoteBegins(Round& r, const std::vector<Result<BeginAnswer>>& answers,
@@ -633,42 +609,17 @@ struct Consumer::Impl {
   }
 
   Result<std::size_t> RunOnce(bool pipelined) {
-    // With a batch still completing, poll briefly: nothing there means "finish it now".
-    const milliseconds wait = tail ? std::min(options.poll_wait, kTailPollWait) : options.poll_wait;
-    auto polled = PollRound(wait);
-    if (!polled || *polled == nullptr) {
-      Status tail_status = FinishTail(nullptr);
-      if (!polled) return polled.error();
-      if (!tail_status.ok()) return tail_status;
-      return std::size_t{0};
-    }
+    if (pipelined) return RunPipelined();
+    auto polled = PollRound(options.poll_wait);
+    if (!polled) return polled.error();
+    if (*polled == nullptr) return std::size_t{0};
     Round& r = **polled;
     std::vector<BeginRequest> requests = Requests(r);
-    // A key the previous batch is still completing would answer Busy: let it land first.
-    if (tail && SharesKeys(*tail, r)) WaitTail();
-    // The previous batch is acknowledged (its completions were stored meanwhile) while this
-    // one's begins are on their way to the disk, where the store can start them.
-    std::vector<Result<BeginAnswer>> answers;
-    Status tail_status;
-    // Taken before the begins, not after FinishTail, which may wait for the previous batch's
-    // completions for long while these leases already run.
     const Timestamp leases_from = clock.Now();
-    if (std::optional<std::future<StartedBegins>> started = StartBegins(requests)) {
-      tail_status = FinishTail(&r);
-      answers = AwaitBegins(r, *started);
-    } else {
-      answers = BeginAll(r, requests);
-      tail_status = FinishTail(&r);
-    }
+    std::vector<Result<BeginAnswer>> answers = BeginAll(r, requests);
     SettleAll(r, answers, leases_from);
-    if (pipelined) {
-      StartTail(std::move(*polled));
-      if (!tail_status.ok()) return tail_status;
-      return r.items.size();
-    }
     StoreCompletions(r, rng);
-    Status s = Finish(r, nullptr);
-    if (!tail_status.ok()) return tail_status;
+    Status s = Finish(r, {});
     if (!s.ok()) return s;
     return r.items.size();
   }
@@ -750,38 +701,55 @@ struct Consumer::Impl {
     return true;
   }
 
-  // One CompleteBatch for every key the handler (or the DLQ) finished, retried a few times
-  // for the ones the store could not answer; those are handed back, still IN_PROGRESS. Runs on
-  // the completer thread when pipelined (hence its own random source).
-  void StoreCompletions(Round& r, std::mt19937_64& random) {
+  // The store's requests for `r`'s completions number `which` (indices into r.completions).
+  std::vector<CompleteRequest> CompletionRequests(const Round& r,
+                                                  std::span<const std::size_t> which) const {
+    std::vector<CompleteRequest> reqs;
+    reqs.reserve(which.size());
+    for (std::size_t c : which) {
+      const Completion& done = r.completions[c];
+      const Item& item = r.items[done.item];
+      reqs.push_back({.scope = options.scope,
+                      .key = item.key,
+                      .token = item.acquired->token,
+                      .outcome = done.outcome,
+                      .response = done.response,
+                      .retention = done.outcome == Outcome::kSuccess ? options.retention
+                                                                     : options.failure_retention});
+    }
+    return reqs;
+  }
+  std::vector<CompleteRequest> CompletionRequests(const Round& r) const {
+    std::vector<std::size_t> all(r.completions.size());
+    for (std::size_t c = 0; c < all.size(); ++c) all[c] = c;
+    return CompletionRequests(r, all);
+  }
+
+  // Stores every completion the handlers (or the DLQ) left in `r`, retried a few times for the
+  // ones the store could not answer; those are handed back, still IN_PROGRESS. `first`: the
+  // answers to the first try, when it was made already (pipelined, in the batch with the next
+  // batch's begins). Runs on the consumer's thread (hence `random`: rng is not shared).
+  void StoreCompletions(Round& r, std::mt19937_64& random,
+                        std::optional<std::vector<Result<WriteAnswer>>> first = std::nullopt) {
     std::vector<std::size_t> pending(r.completions.size());
     for (std::size_t c = 0; c < r.completions.size(); ++c) pending[c] = c;
     constexpr int kTries = 3;
     for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
-      if (attempt > 0) Sleep(Backoff(static_cast<std::uint32_t>(attempt), random));
-      std::vector<CompleteRequest> reqs;
-      reqs.reserve(pending.size());
-      for (std::size_t c : pending) {
-        const Completion& done = r.completions[c];
-        const Item& item = r.items[done.item];
-        reqs.push_back({.scope = options.scope,
-                        .key = item.key,
-                        .token = item.acquired->token,
-                        .outcome = done.outcome,
-                        .response = done.response,
-                        .retention = done.outcome == Outcome::kSuccess
-                                         ? options.retention
-                                         : options.failure_retention});
+      std::vector<Result<WriteAnswer>> results;
+      if (attempt == 0 && first) {
+        results = std::move(*first);
+      } else {
+        if (attempt > 0) Sleep(Backoff(static_cast<std::uint32_t>(attempt), random));
+        core::Stopwatch sw;
+        results = store.CompleteBatch(CompletionRequests(r, pending));
+        if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
       }
-      core::Stopwatch sw;
-      auto results = store.CompleteBatch(reqs);
-      if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
       std::vector<std::size_t> again;
       std::uint64_t executed = 0;
-      for (std::size_t k = 0; k < results.size(); ++k) {
+      for (std::size_t k = 0; k < pending.size(); ++k) {
         const std::size_t c = pending[k];
         Item& item = r.items[r.completions[c].item];
-        if (!results[k]) {
+        if (k >= results.size() || !results[k]) {
           again.push_back(c);
           continue;
         }
@@ -808,9 +776,16 @@ struct Consumer::Impl {
 
   // Acknowledges, per partition, the settled messages before the first one that is not; hands
   // back that one and the rest of its partition -- together with every message of that
-  // partition in `next`, the batch polled meanwhile when pipelined, which is then not run --
+  // partition in `later`, the batches polled since when pipelined, which are then not run --
   // and releases keys acquired but never run.
-  Status Finish(Round& r, Round* next) {
+  Status Finish(Round& r, std::initializer_list<Round*> later) {
+    Cut(r, later);
+    return Acknowledge(r);
+  }
+
+  // Finish's first half, which decides and changes nothing at the broker or the store: which
+  // messages of `r` are acknowledged and which go back (with those of `later` that follow them).
+  void Cut(Round& r, std::initializer_list<Round*> later) {
     // An in-batch duplicate follows its first occurrence (a conflicting one was settled alone).
     for (Item& item : r.items) {
       if (item.first < 0 || item.conflict) continue;
@@ -822,46 +797,59 @@ struct Consumer::Impl {
         item.fate = Fate::kHandedBack;
       }
     }
-    std::vector<const BrokerMessage*> ack;
-    ack.reserve(r.items.size());
+    r.ack.clear();
+    r.ack.reserve(r.items.size());
     // By partition index: whether the partition was cut, and what of it goes back.
     std::vector<char> cut(r.partitions.size(), 0);
-    std::vector<std::vector<const BrokerMessage*>> back(r.partitions.size());
-    std::vector<std::uint32_t> back_order;
+    r.back.assign(r.partitions.size(), {});
+    r.back_order.clear();
     for (Item& item : r.items) {
       char& partition_cut = cut[item.partition];
       if (!partition_cut && item.fate != Fate::kSettled) partition_cut = 1;
       if (item.fate == Fate::kReturned) {
-        // handed back already, with the previous batch's messages of its partition
+        // handed back already, with an earlier batch's messages of its partition
       } else if (partition_cut) {
-        if (back[item.partition].empty()) back_order.push_back(item.partition);
-        back[item.partition].push_back(item.message);
+        if (r.back[item.partition].empty()) r.back_order.push_back(item.partition);
+        r.back[item.partition].push_back(item.message);
       } else {
-        ack.push_back(item.message);
-      }
-      // A key this batch acquired but did not run: free it so the redelivery runs at once.
-      // (One whose lease was lost is the new holder's to finish.)
-      if (item.acquired && !item.executed && !item.lease_lost) {
-        auto rel = store.Release(options.scope, item.key, item.acquired->token);
-        if (rel && *rel == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
-        item.acquired.reset();
+        r.ack.push_back(item.message);
       }
     }
-    if (next != nullptr && !back_order.empty()) {
-      absl::flat_hash_map<std::string_view, std::uint32_t> cut_partition;
-      for (std::uint32_t p : back_order) cut_partition.emplace(r.partitions[p], p);
-      for (Item& later : next->items) {
-        auto it = cut_partition.find(later.message->partition);
+    if (r.back_order.empty()) return;
+    absl::flat_hash_map<std::string_view, std::uint32_t> cut_partition;
+    for (std::uint32_t p : r.back_order) cut_partition.emplace(r.partitions[p], p);
+    for (Round* next : later) {
+      if (next == nullptr) continue;
+      for (Item& item : next->items) {
+        if (item.fate == Fate::kReturned) continue;  // handed back already
+        auto it = cut_partition.find(item.message->partition);
         if (it == cut_partition.end()) continue;
-        back[it->second].push_back(later.message);
-        later.fate = Fate::kReturned;
+        r.back[it->second].push_back(item.message);
+        item.fate = Fate::kReturned;
+        // Begun but never to run here: its key is freed with this batch's (Acknowledge).
+        if (item.acquired && !item.executed && !item.lease_lost) r.release.push_back(&item);
       }
     }
+  }
+
+  // Finish's second half, once Cut decided: frees the keys acquired but not run (so their
+  // redeliveries run at once), hands back and acknowledges.
+  Status Acknowledge(Round& r) {
+    for (Item& item : r.items) {
+      // (One whose lease was lost is the new holder's to finish.)
+      if (item.acquired && !item.executed && !item.lease_lost) r.release.push_back(&item);
+    }
+    for (Item* item : r.release) {
+      auto rel = store.Release(options.scope, item->key, item->acquired->token);
+      if (rel && *rel == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
+      item->acquired.reset();
+    }
+    r.release.clear();
     milliseconds delay = r.handback_delay;
     if (r.store_failed) delay = std::max(delay, options.backoff);
     std::size_t handed_back = 0;
-    for (std::uint32_t partition : back_order) {
-      const auto& msgs = back[partition];
+    for (std::uint32_t partition : r.back_order) {
+      const auto& msgs = r.back[partition];
       handed_back += msgs.size();
       if (!broker.Redeliver(msgs, delay).ok()) {
         Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
@@ -869,7 +857,7 @@ struct Consumer::Impl {
       }
     }
     Count(&ConsumerCounts::redelivered, &ConsumerMetrics::redelivered, handed_back);
-    if (!ack.empty() && !broker.Acknowledge(ack).ok()) {
+    if (!r.ack.empty() && !broker.Acknowledge(r.ack).ok()) {
       // Not lost: the broker delivers them again and the store answers Replay.
       Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
       r.broker_failed = true;
@@ -881,75 +869,181 @@ struct Consumer::Impl {
     return OkStatus();
   }
 
-  // ---- pipelining: the previous batch completes while the next one is polled and begun ----
+  // ---- pipelining ----
+  //
+  // A pipelined RunOnce polls batch N and moves each batch in flight one step on:
+  //   1. poll N;
+  //   2. take the answers of the store batch in flight: N-1's begins and N-2's completions,
+  //      sent together at the end of the previous round (one group commit), so a durable
+  //      store's sync ran while step 1 polled;
+  //   3. decide what of N-2 is acknowledged, and what goes back together with every later
+  //      message of its partition (in N-1 and N: those are then not run, nor begun) (Cut);
+  //   4. run N-1's handlers: never before the completions of N-2 are stored;
+  //   5. send N's begins with N-1's completions to the store, from the store thread;
+  //   6. acknowledge N-2 and hand back what step 3 chose, while that batch is on its way.
+  // A batch's handlers run one round after it was polled, and it is acknowledged one round
+  // after that. A poll that brings nothing (and Flush) finishes everything in flight.
 
-  static constexpr milliseconds kTailPollWait{10};
+  // While something is in flight, poll briefly: nothing there means "finish it now".
+  static constexpr milliseconds kInFlightPollWait{10};
 
-  std::unique_ptr<Round> tail;  // handlers done, completions being stored by the completer
-  std::thread completer;
-  std::mutex tail_mu;
-  std::condition_variable tail_cv;
-  bool tail_stored = true;           // the completer finished the tail's CompleteBatch
-  bool store_starts_batches = true;  // until the store's StartBatch declines
-  bool completer_quit = false;
-  std::mt19937_64 completer_rng{std::random_device{}()};
+  std::unique_ptr<Round> tail;   // handlers ran; its completions are in the store batch
+  std::unique_ptr<Round> ahead;  // its begins are in the store batch; handlers not run yet
+  Timestamp ahead_begun;         // when its begins were sent: its leases run from then
 
-  void StartTail(std::unique_ptr<Round> r) {
-    if (!completer.joinable()) completer = std::thread([this] { CompleterLoop(); });
-    std::lock_guard lock(tail_mu);
-    tail = std::move(r);
-    tail_stored = false;
-    tail_cv.notify_all();
-  }
+  // The store batch in flight, and the thread that sends it (so that a durable store's CPU
+  // work, or a shared store's round trip, overlaps the consumer's next poll too).
+  struct StoreBatch {
+    std::vector<BeginRequest> begins;
+    std::vector<CompleteRequest> completes;
+    bool sent = false;      // the consumer gave it to the store thread, answers not taken yet
+    bool taken = false;     // the store thread took it
+    bool answered = false;  // `answers` and `took` are in
+    BatchAnswers answers;
+    std::chrono::nanoseconds took{0};
+  };
+  std::thread store_thread;
+  std::mutex batch_mu;
+  std::condition_variable batch_cv;
+  StoreBatch batch;  // guarded by batch_mu
+  bool store_thread_quit = false;
+  // Until the store's StartBatch declines (then its blocking calls, from the store thread).
+  std::atomic<bool> store_starts_batches{true};
 
-  void CompleterLoop() {
-    std::unique_lock lock(tail_mu);
+  void StoreLoop() {
+    std::unique_lock lock(batch_mu);
     for (;;) {
-      tail_cv.wait(lock, [&] { return completer_quit || !tail_stored; });
-      if (!tail_stored) {
-        Round* r = tail.get();
-        lock.unlock();
-        StoreCompletions(*r, completer_rng);
-        lock.lock();
-        tail_stored = true;
-        tail_cv.notify_all();
-        continue;
+      batch_cv.wait(lock, [&] { return store_thread_quit || (batch.sent && !batch.taken); });
+      if (store_thread_quit) return;
+      batch.taken = true;
+      // The consumer leaves the requests alone until the answers are in.
+      const std::span<const BeginRequest> begins = batch.begins;
+      const std::span<const CompleteRequest> completes = batch.completes;
+      lock.unlock();
+      RunStoreBatch(begins, completes);
+      lock.lock();
+    }
+  }
+
+  void RunStoreBatch(std::span<const BeginRequest> begins,
+                     std::span<const CompleteRequest> completes) {
+    auto answered = [this, sw = core::Stopwatch()](BatchAnswers answers) {
+      std::lock_guard lock(batch_mu);
+      batch.answers = std::move(answers);
+      batch.took = sw.Elapsed();
+      batch.answered = true;
+      batch_cv.notify_all();
+    };
+    if (store_starts_batches.load(std::memory_order_relaxed)) {
+      if (store.StartBatch(begins, completes, answered)) return;
+      store_starts_batches.store(false, std::memory_order_relaxed);
+    }
+    // What StartBatch would answer, from the blocking calls: completions first, so a begin of
+    // a key completed in the same batch replays it.
+    BatchAnswers answers;
+    if (!completes.empty()) answers.completes = store.CompleteBatch(completes);
+    if (!begins.empty()) answers.begins = store.BeginBatch(begins);
+    answered(std::move(answers));
+  }
+
+  void Send(std::vector<BeginRequest> begins, std::vector<CompleteRequest> completes) {
+    std::lock_guard lock(batch_mu);
+    batch.begins = std::move(begins);
+    batch.completes = std::move(completes);
+    batch.sent = true;
+    batch.taken = false;
+    batch.answered = batch.begins.empty() && batch.completes.empty();  // nothing to ask
+    batch.answers = {};
+    batch.took = {};
+    if (batch.answered) return;
+    if (!store_thread.joinable()) store_thread = std::thread([this] { StoreLoop(); });
+    batch_cv.notify_all();
+  }
+
+  // The answers of the batch sent last; empty ones when none was sent.
+  BatchAnswers Await(std::chrono::nanoseconds& took) {
+    std::unique_lock lock(batch_mu);
+    if (!batch.sent) return {};
+    batch_cv.wait(lock, [&] { return batch.answered; });
+    batch.sent = false;
+    batch.begins.clear();
+    batch.completes.clear();
+    took = batch.took;
+    return std::move(batch.answers);
+  }
+
+  Result<std::size_t> RunPipelined() {
+    const bool in_flight = tail || ahead;
+    auto polled =
+        PollRound(in_flight ? std::min(options.poll_wait, kInFlightPollWait) : options.poll_wait);
+    if (!polled || *polled == nullptr) {
+      Status finished = FinishInFlight();
+      if (!polled) return polled.error();
+      if (!finished.ok()) return finished;
+      return std::size_t{0};
+    }
+    Round& r = **polled;
+    std::unique_ptr<Round> finished = Advance(&r);
+    // What of this batch was not handed back is begun, with the completions of the batch that
+    // just ran; the finished batch is acknowledged while they are on their way.
+    std::vector<BeginRequest> requests = Requests(r);
+    std::vector<CompleteRequest> completions;
+    if (ahead) completions = CompletionRequests(*ahead);
+    const Timestamp begun = clock.Now();
+    Send(std::move(requests), std::move(completions));
+    tail = std::move(ahead);
+    ahead = std::move(*polled);
+    ahead_begun = begun;
+    if (finished) {
+      if (Status s = Acknowledge(*finished); !s.ok()) return s;
+    }
+    return r.items.size();
+  }
+
+  // Takes the store batch's answers, decides what of the tail is acknowledged and what goes
+  // back (with it, what of `ahead` and `next` follows what goes back), and runs `ahead`'s
+  // handlers. Returns the tail, for Acknowledge.
+  std::unique_ptr<Round> Advance(Round* next) {
+    if (!tail && !ahead) return nullptr;
+    std::chrono::nanoseconds took{0};
+    BatchAnswers answers = Await(took);
+    // The keys `ahead` holds are known before the tail decides what goes back, so that what of
+    // `ahead` goes back with it is freed.
+    if (ahead && !answers.begins.empty()) NoteBegins(*ahead, answers.begins, took);
+    if (tail) {
+      if (metrics && !tail->completions.empty()) {
+        metrics->store_complete_seconds->ObserveDuration(took);
       }
-      if (completer_quit) return;
+      StoreCompletions(*tail, rng, std::move(answers.completes));
+      Cut(*tail, {ahead.get(), next});
     }
+    if (ahead) SettleAll(*ahead, answers.begins, ahead_begun);
+    return std::move(tail);
   }
 
-  void WaitTail() {
-    std::unique_lock lock(tail_mu);
-    tail_cv.wait(lock, [&] { return tail_stored; });
-  }
-
-  static bool SharesKeys(const Round& a, const Round& b) {
-    absl::flat_hash_set<std::string_view> keys;
-    keys.reserve(a.items.size());
-    for (const Item& item : a.items) {
-      if (!item.key.empty()) keys.insert(item.key);
+  // Runs, completes and acknowledges everything in flight.
+  Status FinishInFlight() {
+    Status status;
+    if (std::unique_ptr<Round> finished = Advance(nullptr)) status = Acknowledge(*finished);
+    if (ahead) {
+      Send({}, CompletionRequests(*ahead));
+      std::chrono::nanoseconds took{0};
+      BatchAnswers answers = Await(took);
+      if (metrics && !ahead->completions.empty()) {
+        metrics->store_complete_seconds->ObserveDuration(took);
+      }
+      StoreCompletions(*ahead, rng, std::move(answers.completes));
+      Status s = Finish(*ahead, {});
+      ahead.reset();
+      if (status.ok()) status = std::move(s);
     }
-    for (const Item& item : b.items) {
-      if (!item.key.empty() && keys.count(item.key) > 0) return true;
-    }
-    return false;
+    return status;
   }
 
-  // Waits for the tail's completions, then acknowledges or hands back its messages.
-  Status FinishTail(Round* next) {
-    if (!tail) return OkStatus();
-    WaitTail();
-    Status s = Finish(*tail, next);
-    std::lock_guard lock(tail_mu);
-    tail.reset();
-    return s;
-  }
-
-  // The previous batch completed and acknowledged, and the broker's answers to the
-  // acknowledgements in: nothing of what this consumer did is left in flight.
+  // Nothing of what this consumer did is left in flight, and the broker answered the
+  // acknowledgements.
   Status Drain() {
-    Status s = FinishTail(nullptr);
+    Status s = FinishInFlight();
     if (Status settled = broker.Settle(); !settled.ok()) {
       Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
       if (s.ok()) s = std::move(settled);
@@ -957,13 +1051,13 @@ struct Consumer::Impl {
     return s;
   }
 
-  void StopCompleter() {
+  void StopStoreThread() {
     {
-      std::lock_guard lock(tail_mu);
-      completer_quit = true;
-      tail_cv.notify_all();
+      std::lock_guard lock(batch_mu);
+      store_thread_quit = true;
+      batch_cv.notify_all();
     }
-    if (completer.joinable()) completer.join();
+    if (store_thread.joinable()) store_thread.join();
   }
 
   void Run() {
@@ -985,7 +1079,7 @@ Consumer::Consumer(Store& store, Broker& broker, MessageHandler handler, Consume
 
 Consumer::~Consumer() {
   (void)impl_->Drain();
-  impl_->StopCompleter();
+  impl_->StopStoreThread();
 }
 
 Result<std::size_t> Consumer::RunOnce() { return impl_->RunOnce(impl_->options.pipeline); }

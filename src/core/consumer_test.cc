@@ -742,7 +742,7 @@ TEST_P(PipelinedConsumerTest, LeasesAreExtendedFromWhenTheyWereBegun) {
         return {Verdict::kSuccess, ""};
       },
       Options());                               // 10 s leases
-  ASSERT_TRUE(consumer.RunOnce().has_value());  // "a" ran; it is finished in the next round
+  ASSERT_TRUE(consumer.RunOnce().has_value());  // "a" is begun; it runs in the next round
   broker_.PublishKeyed("p0", "b1");
   broker_.PublishKeyed("p0", "b2");
   const Timestamp begun = clock_.Now();
@@ -754,6 +754,75 @@ TEST_P(PipelinedConsumerTest, LeasesAreExtendedFromWhenTheyWereBegun) {
   EXPECT_EQ(clock_.Now() - begun, milliseconds(11'000));
   ASSERT_TRUE(other.has_value() && other->has_value());
   EXPECT_TRUE(std::holds_alternative<Busy>(**other)) << "b2's lease ran out before it ran";
+  EXPECT_EQ(broker_.Acknowledged().size(), 3u);
+}
+
+// Pipelined, a batch's begins and the previous batch's completions go to the store as one
+// batch, while the next batch is polled: the log store syncs once per batch (plus once for the
+// last batch's completions), where begins and completions apart cost two.
+TEST_P(PipelinedConsumerTest, TheLogStoreSyncsOncePerBatch) {
+  testing::FaultyFileSystem fs;
+  const std::string dir =
+      ::testing::TempDir() + "idem-consumer-syncs-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  LogStoreOptions lo;
+  lo.dir = dir;
+  lo.clock = &clock_;
+  lo.reclaim_interval = milliseconds(0);
+  auto log = log::OpenLogStoreWith(lo, fs);
+  ASSERT_TRUE(log.has_value()) << log.error().ToString();
+  constexpr int kBatches = 8;
+  auto options = Options();
+  options.batch_size = 16;
+  for (int i = 0; i < kBatches * 16; ++i) {
+    broker_.PublishKeyed("p" + std::to_string(i % 4), "k" + std::to_string(i));
+  }
+  {
+    Consumer consumer(**log, broker_, Recording(), options);
+    const std::uint64_t syncs = fs.syncs();
+    int rounds = 0;
+    while (broker_.Queued() > 0 && rounds++ < 100) ASSERT_TRUE(consumer.RunOnce().has_value());
+    EXPECT_EQ(rounds, kBatches);
+    EXPECT_TRUE(consumer.Flush().ok());
+    EXPECT_LE(fs.syncs() - syncs, static_cast<std::uint64_t>(kBatches + 1));
+  }
+  EXPECT_EQ(runs_.size(), static_cast<std::size_t>(kBatches * 16));
+  EXPECT_EQ(broker_.Acknowledged().size(), static_cast<std::size_t>(kBatches * 16));
+  std::map<std::string, std::vector<int>> order;
+  for (const Run& r : runs_) order[r.partition].push_back(std::stoi(r.key.substr(1)));
+  for (const auto& [p, ks] : order) EXPECT_TRUE(std::is_sorted(ks.begin(), ks.end())) << p;
+  log->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Pipelined, a batch runs only once the completions of the batch before it are stored: when
+// they fail, the later messages of their partitions go back unrun, even those of a batch that
+// was begun meanwhile.
+TEST_P(PipelinedConsumerTest, ABatchRunsOnlyAfterThePreviousBatchsCompletionsAreStored) {
+  FaultyStore faulty(*store_);
+  for (const char* k : {"a", "b", "c"}) broker_.PublishKeyed("p0", k);
+  auto options = Options();
+  options.batch_size = 1;  // batches: [a] [b] [c]
+  Consumer consumer(faulty, broker_, Recording(), options);
+  ASSERT_TRUE(consumer.RunOnce().has_value());  // polls [a], begins it
+  EXPECT_TRUE(runs_.empty());
+  faulty.Fail(FaultyStore::kComplete);
+  ASSERT_TRUE(consumer.RunOnce().has_value());  // polls [b], runs a, sends a's completion
+  ASSERT_EQ(runs_.size(), 1u);
+  // Polls [c] and takes the failure of a's completion (after its retries): b, begun already,
+  // and c, polled, go back with a, and neither runs.
+  EXPECT_FALSE(consumer.RunOnce().has_value());
+  EXPECT_EQ(runs_.size(), 1u);
+  EXPECT_TRUE(broker_.Acknowledged().empty());
+  EXPECT_EQ(broker_.Redelivered(), 3u);
+  auto b = store_->Get("payments", "b");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_FALSE(b->has_value()) << "b's key was released, not left held";
+  faulty.Heal();
+  Drain(consumer);
+  std::vector<std::string> keys;
+  for (const Run& r : runs_) keys.push_back(r.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a", "a", "b", "c"}));
   EXPECT_EQ(broker_.Acknowledged().size(), 3u);
 }
 
@@ -809,10 +878,13 @@ TEST_P(ConsumerTest, ACompletionThatFailsKeepsItsPartitionInOrder) {
   options.batch_size = 2;  // batches: [a x] [b y] [c d]
   Consumer consumer(faulty, broker_, Recording(), options);
   faulty.Fail(FaultyStore::kComplete);
-  (void)consumer.RunOnce();  // runs a and x; their completions fail
+  (void)consumer.RunOnce();  // sequential: runs a and x; their completions fail
   if (GetParam()) {
-    // Pipelined: [b y] is polled and begun while [a x] fails to complete; b and y must not
-    // run before a and x run again, so they go back with them.
+    // Pipelined, the first round only begins [a x]; the second polls [b y], runs a and x and
+    // sends their completions with b's and y's begins (they fail); the third polls [c d] and
+    // takes the failure. b, y, c and d must not run before a and x run again, so they go back
+    // with them.
+    (void)consumer.RunOnce();
     (void)consumer.RunOnce();
   }
   faulty.Heal();
