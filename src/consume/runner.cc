@@ -15,6 +15,7 @@
 
 #include "cli/store_url.h"
 #include "consume/http_handler.h"
+#include "core/thread_name.h"
 #include "core/url_text.h"
 #include "gateway/admin.h"
 #include "idem/consumers/kafka.h"
@@ -229,7 +230,10 @@ int RunConsume(int argc, char** argv) {
   }
   for (auto& r : running) {
     Running* raw = r.get();
-    r->thread = std::thread([raw, &log] { RunLoop(*raw, log); });
+    r->thread = std::thread([raw, &log] {
+      core::NameThisThread(("consume-" + raw->config.name).c_str());
+      RunLoop(*raw, log);
+    });
     log.Write("info", "consumer=" + r->config.name +
                           " event=started broker=" + std::string(BrokerKindName(r->config.broker)) +
                           " store=" + std::string((*store)->Name()));

@@ -19,6 +19,7 @@
 
 #include "core/lease_keeper.h"
 #include "core/receiver_parts.h"
+#include "core/thread_name.h"
 
 namespace idem {
 
@@ -956,7 +957,11 @@ struct Consumer::Impl {
     batch.answers = {};
     batch.took = {};
     if (batch.answered) return;
-    if (!store_thread.joinable()) store_thread = std::thread([this] { StoreLoop(); });
+    if (!store_thread.joinable())
+      store_thread = std::thread([this] {
+        core::NameThisThread("idem-cons-store");
+        StoreLoop();
+      });
     batch_cv.notify_all();
   }
 

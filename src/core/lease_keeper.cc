@@ -1,4 +1,5 @@
 #include "core/lease_keeper.h"
+#include "core/thread_name.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,7 +7,10 @@
 namespace idem::core {
 
 LeaseKeeper::LeaseKeeper(std::chrono::milliseconds period)
-    : period_(std::max(period, std::chrono::milliseconds(1))), thread_([this] { Loop(); }) {}
+    : period_(std::max(period, std::chrono::milliseconds(1))), thread_([this] {
+        NameThisThread("idem-lease");
+        Loop();
+      }) {}
 
 LeaseKeeper::~LeaseKeeper() {
   {

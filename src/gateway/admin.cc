@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/thread_name.h"
 #include "gateway/asio_parts.h"
 
 namespace idem::gateway {
@@ -105,7 +106,10 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(const Endpoint& at, Regi
   impl->bound = Endpoint{bound->address().to_string(), bound->port()};
   asio::co_spawn(impl->io, impl->Accept(), asio::detached);
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->io.run(); });
+  impl->thread = std::thread([raw] {
+    core::NameThisThread("idemd-admin");
+    raw->io.run();
+  });
   return std::unique_ptr<AdminServer>(new AdminServer(std::move(impl)));
 }
 

@@ -39,6 +39,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/thread_name.h"
 #include "gateway/admin.h"
 #include "gateway/asio_parts.h"
 #include "gateway/rules.h"
@@ -1237,7 +1238,10 @@ struct Server::Impl {
     for (auto& w : workers) {
       asio::co_spawn(w->io, Accept(*w), asio::detached);
       Worker* raw = w.get();
-      w->thread = std::thread([raw] { raw->io.run(); });
+      w->thread = std::thread([raw] {
+        core::NameThisThread("idemd-io");
+        raw->io.run();
+      });
     }
     log.Write(Level::kInfo, Cat("event=started listen=", bound.host, ":", bound.port, " admin=",
                                 admin_bound.host, ":", admin_bound.port, " threads=", threads,

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/thread_name.h"
 #include "idem/status.h"
 
 namespace idem {
@@ -69,7 +70,10 @@ struct StoreGauges::Impl {
 StoreGauges::StoreGauges(Store& store, Registry& registry, std::chrono::milliseconds interval)
     : impl_(std::make_unique<Impl>(store, registry, interval)) {
   IDEM_CHECK_MSG(interval.count() > 0, "StoreGauges: the interval must be positive");
-  impl_->thread = std::thread([impl = impl_.get()] { impl->Loop(); });
+  impl_->thread = std::thread([impl = impl_.get()] {
+    core::NameThisThread("idem-gauges");
+    impl->Loop();
+  });
 }
 
 StoreGauges::~StoreGauges() {

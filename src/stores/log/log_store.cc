@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/journal.h"
+#include "core/thread_name.h"
 #include "stores/log/batch.h"
 #include "stores/log/codec.h"
 #include "stores/log/file_system.h"
@@ -458,7 +459,11 @@ Status LogStore::Open() {
   live_bytes_ = rec.snapshot_bytes;
   base_bytes_ = rec.disk_bytes;
   written_at_base_ = 0;
-  if (options_.compact_ratio > 0) compactor_ = std::thread([this] { CompactionLoop(); });
+  if (options_.compact_ratio > 0)
+    compactor_ = std::thread([this] {
+      core::NameThisThread("idem-compact");
+      CompactionLoop();
+    });
   return OkStatus();
 }
 

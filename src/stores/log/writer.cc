@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "core/thread_name.h"
 #include "stores/log/files.h"
 
 namespace idem::log {
@@ -82,7 +83,10 @@ Result<std::unique_ptr<LogWriter>> LogWriter::Open(FileSystem& fs, std::string d
   std::unique_ptr<LogWriter> w(new LogWriter(fs, std::move(dir), options));
   w->next_seq_ = next_seq;
   IDEM_RETURN_IF_ERROR(w->OpenSegment(segment_id));
-  w->flusher_ = std::thread([p = w.get()] { p->FlusherLoop(); });
+  w->flusher_ = std::thread([p = w.get()] {
+    core::NameThisThread("idem-log-flush");
+    p->FlusherLoop();
+  });
   return w;
 }
 

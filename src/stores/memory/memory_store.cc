@@ -23,6 +23,7 @@
 #include "absl/hash/hash.h"
 #include "core/journal.h"
 #include "core/machine.h"
+#include "core/thread_name.h"
 #include "stores/memory/engine.h"
 #include "stores/memory/key_code.h"
 #include "stores/memory/slot_index.h"
@@ -645,7 +646,10 @@ MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journ
     shards_[i].bits = bits_;
   }
   if (options.reclaim_interval.count() > 0) {
-    reaper_ = std::thread([this, interval = options.reclaim_interval] { ReaperLoop(interval); });
+    reaper_ = std::thread([this, interval = options.reclaim_interval] {
+      core::NameThisThread("idem-reaper");
+      ReaperLoop(interval);
+    });
   }
 }
 

@@ -1,4 +1,5 @@
 #include "stores/postgres/pool.h"
+#include "core/thread_name.h"
 
 #include <algorithm>
 #include <string>
@@ -23,7 +24,11 @@ GroupCommitter::GroupCommitter(Connector connect, std::size_t connections, std::
       statement_timeout_(statement_timeout) {
   const std::size_t n = std::max<std::size_t>(1, connections);
   threads_.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
+  for (std::size_t i = 0; i < n; ++i)
+    threads_.emplace_back([this] {
+      core::NameThisThread("idem-pg-pool");
+      Loop();
+    });
 }
 
 GroupCommitter::~GroupCommitter() {

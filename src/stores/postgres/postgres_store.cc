@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/machine.h"
+#include "core/thread_name.h"
 
 namespace idem::pg {
 namespace {
@@ -220,7 +221,11 @@ PostgresStore::PostgresStore(const PostgresStoreOptions& options, std::vector<St
             options_.connect_timeout),
       group_(MakeConnector(options_, &statements_), options_.pool_size, kMaxGroup,
              options_.connect_timeout, options_.statement_timeout) {
-  if (options_.reclaim_interval.count() > 0) reaper_ = std::thread([this] { ReaperLoop(); });
+  if (options_.reclaim_interval.count() > 0)
+    reaper_ = std::thread([this] {
+      core::NameThisThread("idem-pg-reaper");
+      ReaperLoop();
+    });
 }
 
 PostgresStore::~PostgresStore() {
