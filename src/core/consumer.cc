@@ -900,6 +900,7 @@ struct Consumer::Impl {
     bool sent = false;      // the consumer gave it to the store thread, answers not taken yet
     bool taken = false;     // the store thread took it
     bool answered = false;  // `answers` and `took` are in
+    bool answered_at_once = false;  // on the thread that called StartBatch, before it returned
     BatchAnswers answers;
     std::chrono::nanoseconds took{0};
   };
@@ -908,6 +909,9 @@ struct Consumer::Impl {
   std::condition_variable batch_cv;
   StoreBatch batch;  // guarded by batch_mu
   bool store_thread_quit = false;
+  // The store answered the last StartBatch before it returned: the next one is called from the
+  // consumer's thread (guarded by batch_mu).
+  bool answer_inline = false;
   // Until the store's StartBatch declines (then its blocking calls, from the store thread).
   std::atomic<bool> store_starts_batches{true};
 
@@ -928,16 +932,27 @@ struct Consumer::Impl {
 
   void RunStoreBatch(std::span<const BeginRequest> begins,
                      std::span<const CompleteRequest> completes) {
-    auto answered = [this, sw = core::Stopwatch()](BatchAnswers answers) {
+    const std::thread::id caller = std::this_thread::get_id();
+    auto answered = [this, caller, sw = core::Stopwatch()](BatchAnswers answers) {
       std::lock_guard lock(batch_mu);
       batch.answers = std::move(answers);
       batch.took = sw.Elapsed();
       batch.answered = true;
+      batch.answered_at_once = std::this_thread::get_id() == caller;
       batch_cv.notify_all();
     };
     if (store_starts_batches.load(std::memory_order_relaxed)) {
-      if (store.StartBatch(begins, completes, answered)) return;
+      if (store.StartBatch(begins, completes, answered)) {
+        // A store that answers inside StartBatch (the memory store) has nothing to overlap:
+        // the next batch skips the thread hop. One that answers later (from a durable store's
+        // flusher) is called from the store thread again.
+        std::lock_guard lock(batch_mu);
+        answer_inline = batch.answered && batch.answered_at_once;
+        return;
+      }
       store_starts_batches.store(false, std::memory_order_relaxed);
+      std::lock_guard lock(batch_mu);
+      answer_inline = false;  // blocking calls: from the store thread, beside the next poll
     }
     // What StartBatch would answer, from the blocking calls: completions first, so a begin of
     // a key completed in the same batch replays it.
@@ -948,7 +963,7 @@ struct Consumer::Impl {
   }
 
   void Send(std::vector<BeginRequest> begins, std::vector<CompleteRequest> completes) {
-    std::lock_guard lock(batch_mu);
+    std::unique_lock lock(batch_mu);
     batch.begins = std::move(begins);
     batch.completes = std::move(completes);
     batch.sent = true;
@@ -957,6 +972,14 @@ struct Consumer::Impl {
     batch.answers = {};
     batch.took = {};
     if (batch.answered) return;
+    if (answer_inline) {
+      batch.taken = true;
+      const std::span<const BeginRequest> b = batch.begins;
+      const std::span<const CompleteRequest> c = batch.completes;
+      lock.unlock();
+      RunStoreBatch(b, c);
+      return;
+    }
     if (!store_thread.joinable())
       store_thread = std::thread([this] {
         core::NameThisThread("idem-cons-store");
