@@ -76,6 +76,20 @@ class ConsumerTest : public ::testing::TestWithParam<bool> {
     };
   }
 
+  // A fresh directory for a log store, per test process.
+  static std::string LogDir(const std::string& name) {
+    return ::testing::TempDir() + "idem-consumer-" + name + "-" + std::to_string(::getpid());
+  }
+  // A log store in `dir` (emptied first) on `fs`, on the test's clock, without a reaper.
+  auto OpenLog(testing::FaultyFileSystem& fs, const std::string& dir) {
+    std::filesystem::remove_all(dir);
+    LogStoreOptions lo;
+    lo.dir = dir;
+    lo.clock = &clock_;
+    lo.reclaim_interval = milliseconds(0);
+    return log::OpenLogStoreWith(lo, fs);
+  }
+
   // Polls until the broker has nothing left (at most `rounds` rounds).
   void Drain(Consumer& consumer, int rounds = 100) {
     for (int i = 0; i < rounds && broker_.Queued() > 0; ++i) (void)consumer.RunOnce();
@@ -388,14 +402,8 @@ TEST_P(ConsumerTest, StoreFailureAcknowledgesNothingAndRunsNothing) {
 // acknowledged, and all of it goes back to the broker.
 TEST_P(ConsumerTest, ALogStoreWhoseSyncFailsRunsNothingAndAcknowledgesNothing) {
   testing::FaultyFileSystem fs;
-  const std::string dir = ::testing::TempDir() + "idem-consumer-log-" + std::to_string(::getpid()) +
-                          (GetParam() ? "-p" : "-s");
-  std::filesystem::remove_all(dir);
-  LogStoreOptions lo;
-  lo.dir = dir;
-  lo.clock = &clock_;
-  lo.reclaim_interval = milliseconds(0);
-  auto log = log::OpenLogStoreWith(lo, fs);
+  const std::string dir = LogDir(GetParam() ? "log-p" : "log-s");
+  auto log = OpenLog(fs, dir);
   ASSERT_TRUE(log.has_value()) << log.error().ToString();
   for (int i = 0; i < 6; ++i) {
     broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
@@ -762,14 +770,8 @@ TEST_P(PipelinedConsumerTest, LeasesAreExtendedFromWhenTheyWereBegun) {
 // last batch's completions), where begins and completions apart cost two.
 TEST_P(PipelinedConsumerTest, TheLogStoreSyncsOncePerBatch) {
   testing::FaultyFileSystem fs;
-  const std::string dir =
-      ::testing::TempDir() + "idem-consumer-syncs-" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  LogStoreOptions lo;
-  lo.dir = dir;
-  lo.clock = &clock_;
-  lo.reclaim_interval = milliseconds(0);
-  auto log = log::OpenLogStoreWith(lo, fs);
+  const std::string dir = LogDir("syncs");
+  auto log = OpenLog(fs, dir);
   ASSERT_TRUE(log.has_value()) << log.error().ToString();
   constexpr int kBatches = 8;
   auto options = Options();
