@@ -463,10 +463,18 @@ struct Consumer::Impl {
   // batch not settled yet, in batch order. Touching only a message being retried would make
   // the broker, if this process dies, redeliver it after the later messages of its partition,
   // which another consumer would then run first.
+  // Pipelined, the batch polled behind the one running is touched after it, in order: its
+  // messages wait unbegun meanwhile, and would otherwise be redelivered (or claimed by another
+  // consumer) before the running batch's.
   void TouchOpen(const std::vector<Item>& items) {
     std::vector<const BrokerMessage*> open;
     for (const Item& item : items) {
       if (item.fate == Fate::kOpen) open.push_back(item.message);
+    }
+    if (polled_behind != nullptr) {
+      for (const Item& item : polled_behind->items) {
+        if (item.fate == Fate::kOpen) open.push_back(item.message);
+      }
     }
     (void)broker.Touch(open);
   }
@@ -891,6 +899,8 @@ struct Consumer::Impl {
   std::unique_ptr<Round> tail;   // handlers ran; its completions are in the store batch
   std::unique_ptr<Round> ahead;  // its begins are in the store batch; handlers not run yet
   Timestamp ahead_begun;         // when its begins were sent: its leases run from then
+  // While `ahead` runs: the batch just polled, begun once `ahead` has run (TouchOpen).
+  Round* polled_behind = nullptr;
 
   // The store batch in flight, and the thread that sends it (so that a durable store's CPU
   // work, or a shared store's round trip, overlaps the consumer's next poll too).
@@ -1045,7 +1055,11 @@ struct Consumer::Impl {
       StoreCompletions(*tail, rng, std::move(answers.completes));
       Cut(*tail, {ahead.get(), next});
     }
-    if (ahead) SettleAll(*ahead, answers.begins, ahead_begun);
+    if (ahead) {
+      polled_behind = next;
+      SettleAll(*ahead, answers.begins, ahead_begun);
+      polled_behind = nullptr;
+    }
     return std::move(tail);
   }
 

@@ -828,6 +828,27 @@ TEST_P(PipelinedConsumerTest, ABatchRunsOnlyAfterThePreviousBatchsCompletionsAre
   EXPECT_EQ(broker_.Acknowledged().size(), 3u);
 }
 
+// Pipelined, the batch polled behind a batch that waits (here for a key another worker holds)
+// waits unbegun: its messages are touched too, after the waiting batch's, so the broker does not
+// redeliver them (nor another consumer claim them) ahead of the older ones.
+TEST_P(PipelinedConsumerTest, ABusyWaitTouchesTheBatchPolledBehindIt) {
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(60'000)});
+  ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
+  broker_.PublishKeyed("p0", "k");
+  broker_.PublishKeyed("p0", "y");
+  auto options = Options();
+  options.batch_size = 1;  // batches: [k] [y]
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(consumer.RunOnce().has_value());  // polls [k], begins it: Busy
+  ASSERT_TRUE(consumer.RunOnce().has_value());  // polls [y]; k waits until busy_timeout
+  const std::vector<std::vector<std::string>> calls = broker_.TouchCalls();
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.front(), (std::vector<std::string>{"p0:0", "p0:1"}));
+  EXPECT_TRUE(consumer.Flush().ok());
+  EXPECT_TRUE(runs_.empty()) << "y went back with k, unrun";
+  EXPECT_EQ(broker_.Redelivered(), 2u);
+}
+
 TEST_P(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
   broker_.PublishKeyed("p0", "first");
   broker_.PublishKeyed("p0", "second");
