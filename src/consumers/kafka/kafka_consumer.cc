@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <charconv>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -113,6 +116,10 @@ class KafkaBroker final : public Broker {
   static void RebalanceCallback(rd_kafka_t* rk, rd_kafka_resp_err_t err,
                                 rd_kafka_topic_partition_list_t* partitions, void* opaque);
   void Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* partitions);
+  // Close's unassign, on a thread of its own, waited for until `deadline`; false when it had
+  // not returned by then (the handle must then be left behind: see Close).
+  static bool UnassignBy(rd_kafka_t* rk, const rd_kafka_topic_partition_list_t* partitions,
+                         SteadyClock::time_point deadline);
   static void DeliveryCallback(rd_kafka_t* rk, const rd_kafka_message_t* message, void* opaque);
 
   PartitionState* Find(std::uint64_t id);
@@ -161,6 +168,8 @@ class KafkaBroker final : public Broker {
   PartitionState* last_state_ = nullptr;
   bool rebalanced_ = false;  // a rebalance ran since the current Poll started
   bool closing_ = false;
+  SteadyClock::time_point close_deadline_{};
+  bool unassign_stuck_ = false;  // Close's unassign did not return in time: left behind
   // The commit sent by the last Acknowledge (or Poll), not answered yet: its own reply queue
   // (dropped, unread, if the answer never comes), and the offsets and partitions it carries.
   struct SentCommit {
@@ -257,16 +266,18 @@ void KafkaBroker::Close() {
   }
   closing_ = true;
   deadline = SteadyClock::now() + config_.session_timeout + kCloseGrace;
+  close_deadline_ = deadline;
   Queue events(rd_kafka_queue_new(rk));
   Error error(rd_kafka_consumer_close_queue(rk, events.get()));
-  while (error == nullptr && !rd_kafka_consumer_closed(rk) && SteadyClock::now() < deadline) {
+  while (error == nullptr && !rd_kafka_consumer_closed(rk) && !unassign_stuck_ &&
+         SteadyClock::now() < deadline) {
     Event event(rd_kafka_queue_poll(events.get(), 100));
     if (event != nullptr && rd_kafka_event_type(event.get()) == RD_KAFKA_EVENT_REBALANCE) {
       Rebalance(rd_kafka_event_error(event.get()),
                 rd_kafka_event_topic_partition_list(event.get()));
     }
   }
-  if (error != nullptr || !rd_kafka_consumer_closed(rk)) {
+  if (error != nullptr || unassign_stuck_ || !rd_kafka_consumer_closed(rk)) {
     std::fprintf(stderr, "idem kafka: the consumer did not close in time; leaving it behind\n");
     events.reset();
     queue_.reset();
@@ -322,12 +333,47 @@ void KafkaBroker::Rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
       partitions_.erase(it);
     }
     if (paused->cnt > 0) rd_kafka_resume_partitions(rk, paused.get());
-    error.reset(rd_kafka_incremental_unassign(rk, partitions));
+    if (closing_) {
+      // During the close the unassign itself can block for good (the same librdkafka bugs; a
+      // CI run under load met it here): it gets until the close's deadline.
+      unassign_stuck_ = !UnassignBy(rk, partitions, close_deadline_);
+    } else {
+      error.reset(rd_kafka_incremental_unassign(rk, partitions));
+    }
   }
   if (error != nullptr && !closing_) {
     deferred_ = UnavailableError(std::string("kafka: rebalance failed: ") +
                                  rd_kafka_error_string(error.get()));
   }
+}
+
+bool KafkaBroker::UnassignBy(rd_kafka_t* rk, const rd_kafka_topic_partition_list_t* partitions,
+                             SteadyClock::time_point deadline) {
+  // The thread owns what it uses: a copy of the list, and the handle, which a stuck unassign
+  // keeps from ever being destroyed (Close leaves it behind). Stuck, the thread is detached
+  // and stays blocked inside librdkafka until the process exits.
+  struct Call {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto call = std::make_shared<Call>();
+  PartitionList list(rd_kafka_topic_partition_list_copy(partitions));
+  std::thread unassign([rk, call, list = std::move(list)]() mutable {
+    Error(rd_kafka_incremental_unassign(rk, list.get()));  // an error: the close goes on anyway
+    std::lock_guard lock(call->mu);
+    call->done = true;
+    call->cv.notify_all();
+  });
+  std::unique_lock lock(call->mu);
+  const bool done = call->cv.wait_until(lock, deadline, [&] { return call->done; });
+  lock.unlock();
+  if (done) {
+    unassign.join();
+  } else {
+    unassign.detach();
+  }
+  return done;
 }
 
 PartitionState* KafkaBroker::Find(std::uint64_t id) {
