@@ -1,5 +1,7 @@
 // The JetStream Broker: one durable pull consumer, explicit acks. See idem/consumers/nats.h.
 #include <algorithm>
+#include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -34,6 +36,9 @@ constexpr std::string_view kOriginalHeaderPrefix = "Idem-Original-";
 constexpr int kMaxDeadLetterIds = 16;
 
 constexpr std::int64_t kNanosPerMilli = 1'000'000;
+// A newer message of a held subject (Held) is NAKed to come back this long after the
+// handed-back one is due, so that it follows it.
+constexpr std::chrono::milliseconds kOvertakerMargin{20};
 
 // Stream and consumer names become subject tokens of the JetStream API.
 bool ValidName(std::string_view name) {
@@ -231,6 +236,7 @@ class NatsBroker final : public Broker {
       m.headers = ReadHeaders(msg);
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
+      if (Overtakes(m, owned.get(), now)) continue;
       m.handle = next_handle_++;
       pending_.emplace(m.handle, Pending{std::move(owned), now});
       out.push_back(std::move(m));
@@ -245,6 +251,7 @@ class NatsBroker final : public Broker {
 
   Status Redeliver(std::span<const BrokerMessage* const> messages, milliseconds delay) override {
     const std::int64_t d = std::max<std::int64_t>(delay.count(), 0);
+    Hold(messages, milliseconds(d));
     return Settle(messages, "nak", [d](natsMsg* m) { return natsMsg_NakWithDelay(m, d, nullptr); });
   }
 
@@ -323,6 +330,48 @@ class NatsBroker final : public Broker {
     MsgPtr msg;
     SteadyClock::time_point touched;
   };
+
+  // A subject whose messages from `sequence` on were handed back (NAKed): JetStream lets newer
+  // messages of the subject out meanwhile (max_ack_pending has room once the rest of the batch
+  // is acked), and would hand them to the consumer first. Held, they are NAKed again on arrival
+  // until the handed-back one comes back, or `until` passes (it may have gone to another
+  // consumer of the durable, or out of the stream): order within a subject holds.
+  struct Held {
+    std::uint64_t sequence;
+    SteadyClock::time_point due;    // when JetStream hands the first of them out again
+    SteadyClock::time_point until;  // the hold is given up
+  };
+
+  void Hold(std::span<const BrokerMessage* const> messages, milliseconds delay) {
+    const auto now = SteadyClock::now();
+    for (const BrokerMessage* m : messages) {
+      if (!pending_.contains(m->handle)) continue;
+      std::uint64_t seq = 0;
+      const char* end = m->position.data() + m->position.size();
+      if (std::from_chars(m->position.data(), end, seq).ptr != end) continue;
+      auto [it, inserted] = held_.try_emplace(m->partition, Held{seq, {}, {}});
+      if (!inserted && seq >= it->second.sequence && now < it->second.until) continue;
+      it->second = {seq, now + delay, now + delay + 2 * config_.ack_wait};
+    }
+  }
+
+  // True when `m` (not handed out yet) is newer than a handed-back message of its subject: it
+  // is NAKed to come back after that one.
+  bool Overtakes(const BrokerMessage& m, natsMsg* msg, SteadyClock::time_point now) {
+    if (held_.empty()) return false;
+    auto it = held_.find(m.partition);
+    if (it == held_.end()) return false;
+    std::uint64_t seq = 0;
+    const char* end = m.position.data() + m.position.size();
+    if (std::from_chars(m.position.data(), end, seq).ptr != end) return false;
+    if (seq <= it->second.sequence || now >= it->second.until) {
+      held_.erase(it);  // the handed-back message is back (or given up): the subject flows
+      return false;
+    }
+    const auto wait = std::chrono::ceil<milliseconds>(it->second.due - now) + kOvertakerMargin;
+    (void)natsMsg_NakWithDelay(msg, std::max<std::int64_t>(wait.count(), 1), nullptr);
+    return true;
+  }
 
   jsCtx* js() { return connection_.js.get(); }
 
@@ -504,6 +553,7 @@ class NatsBroker final : public Broker {
   std::string filter_;  // the consumer's filter subject; empty: the whole stream
   SubscriptionPtr sub_;
   std::unordered_map<std::uint64_t, Pending> pending_;
+  std::unordered_map<std::string, Held> held_;  // by subject
   std::uint64_t next_handle_ = 1;
   SteadyClock::time_point last_ensure_{};
 };

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,7 +107,7 @@ std::vector<BrokerMessage> PollN(Broker& b, std::size_t n, milliseconds timeout)
   return out;
 }
 
-std::vector<const BrokerMessage*> Ptrs(const std::vector<BrokerMessage>& ms) {
+std::vector<const BrokerMessage*> Ptrs(std::span<const BrokerMessage> ms) {
   std::vector<const BrokerMessage*> out;
   for (const auto& m : ms) out.push_back(&m);
   return out;
@@ -355,6 +356,45 @@ TEST(NatsBrokerTest, RedeliverComesBackNoSoonerThanTheDelayInOrder) {
     EXPECT_EQ(second[i].deliveries, 2u);
   }
   ASSERT_TRUE(b->Acknowledge(Ptrs(second)).ok());
+}
+
+// Handing back a subject's messages frees room in max_ack_pending once the rest of the batch
+// is acknowledged, and JetStream then lets the subject's newer messages out before the naked
+// ones are due. The adapter holds the subject: the newer ones come back after the naked ones,
+// so the subject's order holds; another subject is not held.
+TEST(NatsBrokerTest, NewerMessagesOfAHandedBackSubjectWaitForTheHandedBackOnes) {
+  Names n;
+  auto b = Open(n.Config(SharedUrl()));  // ack_wait 30 s: only the nak brings them back
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(p->Publish(n.Subject("x"), "x" + std::to_string(i)).has_value());
+  const auto first = PollN(*b, 2, 5s);
+  ASSERT_EQ(first.size(), 2u);
+  for (int i = 2; i < 5; ++i)
+    ASSERT_TRUE(p->Publish(n.Subject("x"), "x" + std::to_string(i)).has_value());
+  ASSERT_TRUE(p->Publish(n.Subject("y"), "y0").has_value());
+  ASSERT_TRUE(b->Acknowledge(Ptrs(std::span(first).first(1))).ok());
+  ASSERT_TRUE(b->Redeliver(Ptrs(std::span(first).subspan(1)), 700ms).ok());  // x1
+  const auto naked = SteadyClock::now();
+  std::vector<std::string> order;
+  const auto deadline = SteadyClock::now() + 10s;
+  while (order.size() < 5 && SteadyClock::now() < deadline) {
+    auto batch = b->Poll(10, 200ms);
+    ASSERT_TRUE(batch) << batch.error().ToString();
+    for (const auto& m : *batch) {
+      order.push_back(m.payload);
+      if (m.payload == "x1") {
+        EXPECT_GE(SteadyClock::now() - naked, 700ms);
+      }
+      if (m.payload == "y0") {
+        EXPECT_LT(SteadyClock::now() - naked, 700ms) << "y is not held";
+      }
+    }
+    ASSERT_TRUE(b->Acknowledge(Ptrs(*batch)).ok());
+  }
+  std::erase(order, "y0");
+  EXPECT_EQ(order, (std::vector<std::string>{"x1", "x2", "x3", "x4"}));
 }
 
 TEST(NatsBrokerTest, TouchKeepsAMessageFromRedeliveryPastAckWait) {
