@@ -39,6 +39,10 @@ constexpr std::int64_t kNanosPerMilli = 1'000'000;
 // A newer message of a held subject (Held) is NAKed to come back this long after the
 // handed-back one is due, so that it follows it.
 constexpr std::chrono::milliseconds kOvertakerMargin{20};
+// How long past its due time a handed-back message may take to come back before the hold on its
+// subject is given up (JetStream hands a due redelivery out first; one that does not come went
+// to another consumer of the durable, or out of the stream).
+constexpr std::chrono::milliseconds kHoldGrace{1'000};
 
 // Stream and consumer names become subject tokens of the JetStream API.
 bool ValidName(std::string_view name) {
@@ -351,7 +355,7 @@ class NatsBroker final : public Broker {
       if (std::from_chars(m->position.data(), end, seq).ptr != end) continue;
       auto [it, inserted] = held_.try_emplace(m->partition, Held{seq, {}, {}});
       if (!inserted && seq >= it->second.sequence && now < it->second.until) continue;
-      it->second = {seq, now + delay, now + delay + 2 * config_.ack_wait};
+      it->second = {seq, now + delay, now + delay + kHoldGrace};
     }
   }
 
