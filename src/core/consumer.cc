@@ -916,7 +916,10 @@ struct Consumer::Impl {
   };
   std::thread store_thread;
   std::mutex batch_mu;
-  std::condition_variable batch_cv;
+  // Two conditions, so that a store answering inline (on the consumer's thread) wakes nobody:
+  // the store thread waits only for work, the consumer only for answers.
+  std::condition_variable work_cv;    // batch sent (or quit): for the store thread
+  std::condition_variable answer_cv;  // batch answered: for the consumer
   StoreBatch batch;  // guarded by batch_mu
   bool store_thread_quit = false;
   // The store answered the last StartBatch before it returned: the next one is called from the
@@ -928,7 +931,7 @@ struct Consumer::Impl {
   void StoreLoop() {
     std::unique_lock lock(batch_mu);
     for (;;) {
-      batch_cv.wait(lock, [&] { return store_thread_quit || (batch.sent && !batch.taken); });
+      work_cv.wait(lock, [&] { return store_thread_quit || (batch.sent && !batch.taken); });
       if (store_thread_quit) return;
       batch.taken = true;
       // The consumer leaves the requests alone until the answers are in.
@@ -949,7 +952,7 @@ struct Consumer::Impl {
       batch.took = sw.Elapsed();
       batch.answered = true;
       batch.answered_at_once = std::this_thread::get_id() == caller;
-      batch_cv.notify_all();
+      answer_cv.notify_all();
     };
     if (store_starts_batches.load(std::memory_order_relaxed)) {
       if (store.StartBatch(begins, completes, answered)) {
@@ -995,14 +998,14 @@ struct Consumer::Impl {
         core::NameThisThread("idem-cons-store");
         StoreLoop();
       });
-    batch_cv.notify_all();
+    work_cv.notify_all();
   }
 
   // The answers of the batch sent last; empty ones when none was sent.
   BatchAnswers Await(std::chrono::nanoseconds& took) {
     std::unique_lock lock(batch_mu);
     if (!batch.sent) return {};
-    batch_cv.wait(lock, [&] { return batch.answered; });
+    answer_cv.wait(lock, [&] { return batch.answered; });
     batch.sent = false;
     batch.begins.clear();
     batch.completes.clear();
@@ -1097,7 +1100,7 @@ struct Consumer::Impl {
     {
       std::lock_guard lock(batch_mu);
       store_thread_quit = true;
-      batch_cv.notify_all();
+      work_cv.notify_all();
     }
     if (store_thread.joinable()) store_thread.join();
   }
