@@ -86,6 +86,15 @@ struct CompleteRequest {
   std::chrono::milliseconds retention{24 * 3600 * 1000};
 };
 
+// One Extend of a batch (Store::ExtendBatch): pushes the lease deadline of IN_PROGRESS with
+// that token to now + lease.
+struct ExtendRequest {
+  std::string_view scope{};
+  std::string_view key{};
+  Token token = 0;
+  std::chrono::milliseconds lease{30'000};
+};
+
 // kApplied: the change was made. kLeaseLost: the token is not the record's current one (or
 // the record is gone); nothing changed, and a newer worker may own the key.
 enum class WriteAnswer : std::uint8_t { kApplied = 0, kLeaseLost = 1 };

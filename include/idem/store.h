@@ -73,6 +73,9 @@ class Store {
   // The default runs the requests one by one.
   virtual std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs);
   virtual std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs);
+  // Extends in one call (a consumer keeping a whole batch's leases): one round trip for a
+  // shared store, one group commit for the log store.
+  virtual std::vector<Result<WriteAnswer>> ExtendBatch(std::span<const ExtendRequest> reqs);
   // Both batch forms in one call, for callers that must not block (an event loop). The
   // answers are those of CompleteBatch(completes) followed by BeginBatch(begins) (finish what
   // is done, then start what is new: a begin of a key completed in the same call replays it),

@@ -430,13 +430,27 @@ struct Consumer::Impl {
   bool ExtendIfDue(std::vector<Item>& items, Timestamp& leases_from) {
     const Timestamp now = clock.Now();
     if (now - leases_from < options.lease / 2) return false;
+    // One ExtendBatch for the whole batch: one round trip to a shared store, one group commit
+    // for the log store (not one per key).
+    std::vector<ExtendRequest> requests;
+    std::vector<Item*> extended;
     for (Item& item : items) {
       if (!item.acquired || item.lease_lost) continue;
-      auto r = store.Extend(options.scope, item.key, item.acquired->token, options.lease);
-      if (!r && metrics) metrics->store_errors->Inc();
-      if (r && *r == WriteAnswer::kLeaseLost) {
-        item.lease_lost = true;
-        CountLeaseLost();
+      requests.push_back({.scope = options.scope,
+                          .key = item.key,
+                          .token = item.acquired->token,
+                          .lease = options.lease});
+      extended.push_back(&item);
+    }
+    if (!requests.empty()) {
+      std::vector<Result<WriteAnswer>> answers = store.ExtendBatch(requests);
+      for (std::size_t i = 0; i < extended.size() && i < answers.size(); ++i) {
+        const Result<WriteAnswer>& r = answers[i];
+        if (!r && metrics) metrics->store_errors->Inc();
+        if (r && *r == WriteAnswer::kLeaseLost) {
+          extended[i]->lease_lost = true;
+          CountLeaseLost();
+        }
       }
     }
     TouchOpen(items);
@@ -920,7 +934,7 @@ struct Consumer::Impl {
   // the store thread waits only for work, the consumer only for answers.
   std::condition_variable work_cv;    // batch sent (or quit): for the store thread
   std::condition_variable answer_cv;  // batch answered: for the consumer
-  StoreBatch batch;  // guarded by batch_mu
+  StoreBatch batch;                   // guarded by batch_mu
   bool store_thread_quit = false;
   // The store answered the last StartBatch before it returned: the next one is called from the
   // consumer's thread (guarded by batch_mu).

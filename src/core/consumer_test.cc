@@ -561,6 +561,59 @@ TEST_P(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
   EXPECT_EQ((*rec)->state, RecordState::kCompleted);
 }
 
+// Counts how the consumer extends: one ExtendBatch per due point, never key by key.
+class ExtendCountingStore : public testing::FaultyStore {
+ public:
+  explicit ExtendCountingStore(Store& inner) : FaultyStore(inner), inner_(inner) {}
+  Result<WriteAnswer> Extend(std::string_view scope, std::string_view key, Token token,
+                             milliseconds lease) override {
+    ++single_extends;
+    return FaultyStore::Extend(scope, key, token, lease);
+  }
+  std::vector<Result<WriteAnswer>> ExtendBatch(std::span<const ExtendRequest> reqs) override {
+    std::lock_guard lock(mu);
+    batch_sizes.push_back(reqs.size());
+    return inner_.ExtendBatch(reqs);
+  }
+  std::atomic<int> single_extends{0};
+  std::mutex mu;
+  std::vector<std::size_t> batch_sizes;  // guarded by mu
+
+ private:
+  Store& inner_;
+};
+
+// The leases of a batch are extended with one ExtendBatch call for all its held keys (one
+// round trip to Redis or PostgreSQL, one group commit in the log store), not one call a key.
+TEST_P(ConsumerTest, ABatchsLeasesAreExtendedInOneCall) {
+  for (int i = 0; i < 8; ++i)
+    broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
+  ExtendCountingStore counting(*store_);
+  auto options = Options();
+  options.lease = milliseconds(1'000);
+  options.backoff = milliseconds(400);
+  options.max_backoff = milliseconds(400);
+  options.jitter = 0;
+  options.max_attempts = 5;
+  int k0_runs = 0;
+  Consumer consumer(
+      counting, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        if (c.key == "k0" && ++k0_runs < 5) return {Verdict::kRetryable, "again"};
+        return {Verdict::kSuccess, ""};
+      },
+      options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_EQ(broker_.Acknowledged().size(), 8u);
+  EXPECT_EQ(consumer.counts().lease_lost, 0u);
+  EXPECT_EQ(counting.single_extends.load(), 0);
+  std::lock_guard lock(counting.mu);
+  // 4 retries x 400 ms against a 1 s lease: extended at least twice, each time every key the
+  // batch still held (k0 and the 7 behind it) in one call.
+  ASSERT_GE(counting.batch_sizes.size(), 2u);
+  for (std::size_t n : counting.batch_sizes) EXPECT_EQ(n, 8u);
+}
+
 // A handler that outlives its lease while another worker takes the key over: the stale token
 // must not run the handler again (the new holder runs it), and the message is the new holder's
 // to settle: handed back, not acknowledged, nor dead-lettered.

@@ -151,6 +151,10 @@ inline Status CheckComplete(const CompleteRequest& r, std::size_t max_key_bytes)
 }
 Status CheckRecordId(std::string_view scope, std::string_view key, std::size_t max_key_bytes);
 Status CheckLease(std::chrono::milliseconds lease);
+inline Status CheckExtend(const ExtendRequest& r, std::size_t max_key_bytes) {
+  IDEM_RETURN_IF_ERROR(CheckRecordId(r.scope, r.key, max_key_bytes));
+  return CheckLease(r.lease);
+}
 Status CheckRetention(std::chrono::milliseconds retention);
 Status CheckSession(const SessionRequest& r, std::size_t max_key_bytes);
 Status CheckSequenced(const SequencedBeginRequest& r, std::size_t max_key_bytes);

@@ -43,6 +43,13 @@ std::vector<Result<WriteAnswer>> Store::CompleteBatch(std::span<const CompleteRe
   return out;
 }
 
+std::vector<Result<WriteAnswer>> Store::ExtendBatch(std::span<const ExtendRequest> reqs) {
+  std::vector<Result<WriteAnswer>> out;
+  out.reserve(reqs.size());
+  for (const auto& r : reqs) out.push_back(Extend(r.scope, r.key, r.token, r.lease));
+  return out;
+}
+
 bool Store::StartBatch(std::span<const BeginRequest>, std::span<const CompleteRequest>,
                        std::function<void(BatchAnswers)>) {
   return false;

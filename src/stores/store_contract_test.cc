@@ -839,9 +839,57 @@ TEST_P(StoreContractTest, StartBatchAnswersAsCompleteBatchThenBeginBatch) {
   ExpectAcquired(got2.begins[0]);
 }
 
+// ExtendBatch answers as Extend would, request by request, in order: a held key, a wrong
+// token, a bad request (changes nothing, the rest still answered), an absent key, a completed
+// one, a key taken over after its lease ran out, one whose lease ran out with no taker (still
+// its own), and a repeat of a key in the same batch.
+TEST_P(StoreContractTest, ExtendBatchAnswersEachRequestInOrder) {
+  const Timestamp t0 = clock_.Now();
+  const Acquired a = Acquire("a", kFpA);
+  const Acquired b = Acquire("b");
+  const Acquired done = Acquire("done");
+  Finish("done", done.token, "D");
+  const Acquired late = Acquire("late", std::nullopt, 500ms);
+  const Acquired taken = Acquire("taken", std::nullopt, 500ms);
+  clock_.Advance(1s);
+  const Timestamp t1 = clock_.Now();
+  const Acquired taker = Acquire("taken");
+
+  const auto extend = [&](std::string_view key, Token token, std::chrono::milliseconds lease) {
+    return ExtendRequest{.scope = Scope(), .key = key, .token = token, .lease = lease};
+  };
+  const std::vector<ExtendRequest> reqs = {
+      extend("a", a.token, 1min),         extend("b", b.token + 1, 1min),
+      extend("", a.token, 1min),          extend("b", b.token, 0ms),
+      extend("absent", 1, 1min),          extend("done", done.token, 1min),
+      extend("taken", taken.token, 1min), extend("late", late.token, 2min),
+      extend("a", a.token, 3min),
+  };
+  const std::vector<Result<WriteAnswer>> got = store_->ExtendBatch(reqs);
+  ASSERT_THAT(got, SizeIs(reqs.size()));
+  EXPECT_THAT(got[0], IsApplied());
+  EXPECT_THAT(got[1], IsLeaseLost());
+  EXPECT_THAT(got[2], StatusIs(StatusCode::kInvalidArgument, HasSubstr("key is empty")));
+  EXPECT_THAT(got[3], StatusIs(StatusCode::kInvalidArgument, HasSubstr("lease")));
+  EXPECT_THAT(got[4], IsLeaseLost());
+  EXPECT_THAT(got[5], IsLeaseLost());
+  EXPECT_THAT(got[6], IsLeaseLost());
+  EXPECT_THAT(got[7], IsApplied());  // the lease ran out, but no one took over
+  EXPECT_THAT(got[8], IsApplied());  // the later request for a key wins
+
+  ExpectStored("a", Held("a", Acquired{a.token, 1, t1 + 3min}, t0, kFpA));
+  ExpectStored("b", Held("b", b, t0));
+  ExpectAbsent("absent");
+  ExpectStored("done", Completed(Held("done", done, t0), t0, "D"));
+  ExpectStored("taken", Held("taken", taker, t0));
+  ExpectStored("late", Held("late", Acquired{late.token, 1, t1 + 2min}, t0));
+  EXPECT_THAT(ExpectBusy(store_->Begin(BeginOf("late"))).lease_deadline, At(t1 + 2min));
+}
+
 TEST_P(StoreContractTest, EmptyBatchesAnswerNothing) {
   EXPECT_THAT(store_->BeginBatch({}), IsEmpty());
   EXPECT_THAT(store_->CompleteBatch({}), IsEmpty());
+  EXPECT_THAT(store_->ExtendBatch({}), IsEmpty());
 }
 
 // ==== operator calls ===========================================================================

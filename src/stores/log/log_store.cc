@@ -168,6 +168,9 @@ class LogStore final : public Store {
   std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> r) override {
     return After(engine_->BeginBatch(r));
   }
+  std::vector<Result<WriteAnswer>> ExtendBatch(std::span<const ExtendRequest> r) override {
+    return After(engine_->ExtendBatch(r));
+  }
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> r) override {
     std::optional<Screened> screened = Screen(r);
     if (!screened) return After(engine_->CompleteBatch(r));

@@ -452,6 +452,42 @@ BatchAnswers StartAndWait(Store& s, std::span<const BeginRequest> begins,
   return f.get();
 }
 
+// A consumer keeps a whole batch's leases with one ExtendBatch: one sync for all of it, and
+// what it answered Applied is on disk.
+TEST_F(LogStoreTest, ExtendBatchSharesOneSyncAndSurvivesAPowerFailure) {
+  FaultyFileSystem faulty;
+  std::vector<std::string> keys;
+  std::vector<BeginRequest> begins;
+  for (int i = 0; i < 50; ++i) keys.push_back("k" + std::to_string(i));
+  for (const std::string& k : keys) begins.push_back({"t", k, std::nullopt, kLease});
+  const Timestamp extended_at = clock_.Now() + std::chrono::seconds(10);
+  {
+    auto s = log::OpenLogStoreWith(Options(SyncMode::kAlways), faulty);
+    ASSERT_TRUE(s);
+    const std::vector<Result<BeginAnswer>> acquired = (*s)->BeginBatch(begins);
+    std::vector<ExtendRequest> extends;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_TRUE(IsAcquiredAnswer(acquired[i]));
+      extends.push_back(
+          {"t", keys[i], std::get<Acquired>(*acquired[i]).token, std::chrono::hours(1)});
+    }
+    clock_.Set(extended_at);
+    const std::uint64_t syncs = faulty.syncs();
+    const std::vector<Result<WriteAnswer>> got = (*s)->ExtendBatch(extends);
+    EXPECT_EQ(faulty.syncs() - syncs, 1u) << "the extensions share one sync";
+    ASSERT_EQ(got.size(), keys.size());
+    for (const auto& r : got) EXPECT_TRUE(r.has_value() && *r == WriteAnswer::kApplied);
+    faulty.PowerFail();
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  for (const std::string& k : keys) {
+    auto r = s->Get("t", k);
+    ASSERT_TRUE(r.has_value() && r->has_value()) << k;
+    EXPECT_EQ((*r)->lease_deadline, extended_at + std::chrono::hours(1)) << k;
+  }
+}
+
 TEST_F(LogStoreTest, StartBatchSharesOneSyncAndSurvivesAPowerFailure) {
   FaultyFileSystem faulty;
   std::vector<std::string> keys;

@@ -517,6 +517,7 @@ class MemoryStore final : public memory_internal::Engine {
                              std::chrono::milliseconds lease) override;
   std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs) override;
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
+  std::vector<Result<WriteAnswer>> ExtendBatch(std::span<const ExtendRequest> reqs) override;
   // Without a journal nothing blocks: the answers are ready at once. A journaled engine
   // blocks on durability; the store around it (the log store) starts batches itself.
   bool StartBatch(std::span<const BeginRequest> begins, std::span<const CompleteRequest> completes,
@@ -595,6 +596,8 @@ class MemoryStore final : public memory_internal::Engine {
                                   Timestamp now, std::uint64_t& ticket);
   WriteAnswer CompleteLocked(Shard& sh, const RecordId& id, const CompleteRequest& req,
                              Timestamp now, std::uint64_t& ticket);
+  WriteAnswer ExtendLocked(Shard& sh, const RecordId& id, const ExtendRequest& req, Timestamp now,
+                           std::uint64_t& ticket);
   template <typename Req, typename Answer, typename Check, typename Decide>
   std::vector<Result<Answer>> RunBatch(std::span<const Req> reqs, Check check, Decide decide);
   static constexpr std::uint32_t kAnswered = ~std::uint32_t{0};  // OrderByShard: left out
@@ -790,28 +793,33 @@ Result<WriteAnswer> MemoryStore::Release(std::string_view scope, std::string_vie
 
 Result<WriteAnswer> MemoryStore::Extend(std::string_view scope, std::string_view key, Token token,
                                         std::chrono::milliseconds lease) {
-  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
-  IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
+  const ExtendRequest req{.scope = scope, .key = key, .token = token, .lease = lease};
+  IDEM_RETURN_IF_ERROR(core::CheckExtend(req, max_key_bytes_));
   IDEM_RETURN_IF_ERROR(Healthy());
   const RecordId id = MakeRecordId(scope, key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
-    const std::uint32_t slot_id = sh.FindSlot(id, scope, key);
-    ticket = Seen();
-    if (slot_id == kNoSlot) {
-      return core::DecideExtend(nullptr, token, lease, now, abandoned_retention_).answer;
-    }
-    Slot& s = sh.slots[slot_id];
-    const core::RecordHead current = sh.Head(s);
-    const core::WriteDecision d =
-        core::DecideExtend(&current, token, lease, now, abandoned_retention_);
-    if (d.answer == WriteAnswer::kApplied) {
-      s.set_head(d.next, sh.bits);
-      ticket = LogRecord(sh, s, scope, key);
-    }
-    return d.answer;
+    return Result<WriteAnswer>(ExtendLocked(sh, id, req, now, ticket));
   });
+}
+
+WriteAnswer MemoryStore::ExtendLocked(Shard& sh, const RecordId& id, const ExtendRequest& req,
+                                      Timestamp now, std::uint64_t& ticket) {
+  const std::uint32_t slot_id = sh.FindSlot(id, req.scope, req.key);
+  ticket = Seen();
+  if (slot_id == kNoSlot) {
+    return core::DecideExtend(nullptr, req.token, req.lease, now, abandoned_retention_).answer;
+  }
+  Slot& s = sh.slots[slot_id];
+  const core::RecordHead current = sh.Head(s);
+  const core::WriteDecision d =
+      core::DecideExtend(&current, req.token, req.lease, now, abandoned_retention_);
+  if (d.answer == WriteAnswer::kApplied) {
+    s.set_head(d.next, sh.bits);
+    ticket = LogRecord(sh, s, req.scope, req.key);
+  }
+  return d.answer;
 }
 
 // Request indices grouped by shard in shard order (which is address order, the locking order
@@ -922,6 +930,15 @@ std::vector<Result<WriteAnswer>> MemoryStore::CompleteBatch(std::span<const Comp
       [this](Shard& sh, const RecordId& id, const CompleteRequest& r, Timestamp now,
              std::uint64_t& ticket) {
         return Result<WriteAnswer>(CompleteLocked(sh, id, r, now, ticket));
+      });
+}
+
+std::vector<Result<WriteAnswer>> MemoryStore::ExtendBatch(std::span<const ExtendRequest> reqs) {
+  return RunBatch<ExtendRequest, WriteAnswer>(
+      reqs, [this](const ExtendRequest& r) { return core::CheckExtend(r, max_key_bytes_); },
+      [this](Shard& sh, const RecordId& id, const ExtendRequest& r, Timestamp now,
+             std::uint64_t& ticket) {
+        return Result<WriteAnswer>(ExtendLocked(sh, id, r, now, ticket));
       });
 }
 

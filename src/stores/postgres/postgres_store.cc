@@ -143,6 +143,18 @@ void FillComplete(Op& op, const CompleteRequest& r, Timestamp now) {
   op.Order(kOrderRecords, r.scope, r.key);
 }
 
+void FillExtend(Op& op, const ExtendRequest& r, Timestamp now,
+                std::chrono::milliseconds abandoned) {
+  op.statement = kExtend;
+  op.params.Bytes(r.scope);
+  op.params.Bytes(r.key);
+  op.params.Int8(TokenParam(r.token));
+  op.params.Int8(Millis(now));
+  op.params.Int8(Millis(r.lease));
+  op.params.Int8(Millis(abandoned));
+  op.Order(kOrderRecords, r.scope, r.key);
+}
+
 // "(block,0)": the first tuple of a block, as a tid in text form.
 std::string BlockTid(std::uint64_t block) {
   if (block > 0xFFFFFFFFu) return "(4294967295,65535)";
@@ -295,17 +307,10 @@ Result<WriteAnswer> PostgresStore::Release(std::string_view scope, std::string_v
 
 Result<WriteAnswer> PostgresStore::Extend(std::string_view scope, std::string_view key, Token token,
                                           std::chrono::milliseconds lease) {
-  IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
-  IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
+  const ExtendRequest req{.scope = scope, .key = key, .token = token, .lease = lease};
+  IDEM_RETURN_IF_ERROR(core::CheckExtend(req, options_.max_key_bytes));
   Op op;
-  op.statement = kExtend;
-  op.params.Bytes(scope);
-  op.params.Bytes(key);
-  op.params.Int8(TokenParam(token));
-  op.params.Int8(Millis(clock_->Now()));
-  op.params.Int8(Millis(lease));
-  op.params.Int8(Millis(options_.abandoned_retention));
-  op.Order(kOrderRecords, scope, key);
+  FillExtend(op, req, clock_->Now(), options_.abandoned_retention);
   Run({&op, 1});
   return AffectedAnswer(op);
 }
@@ -364,6 +369,14 @@ std::vector<Result<WriteAnswer>> PostgresStore::CompleteBatch(
       reqs,
       [&](const CompleteRequest& r) { return core::CheckComplete(r, options_.max_key_bytes); },
       [&](Op& op, const CompleteRequest& r) { FillComplete(op, r, now); },
+      [&](std::span<Op> ops) { Run(ops); }, [](Op& op) { return AffectedAnswer(op); });
+}
+
+std::vector<Result<WriteAnswer>> PostgresStore::ExtendBatch(std::span<const ExtendRequest> reqs) {
+  const Timestamp now = clock_->Now();
+  return RunBatch<WriteAnswer>(
+      reqs, [&](const ExtendRequest& r) { return core::CheckExtend(r, options_.max_key_bytes); },
+      [&](Op& op, const ExtendRequest& r) { FillExtend(op, r, now, options_.abandoned_retention); },
       [&](std::span<Op> ops) { Run(ops); }, [](Op& op) { return AffectedAnswer(op); });
 }
 

@@ -40,6 +40,7 @@ class PostgresStore final : public Store {
                              std::chrono::milliseconds lease) override;
   std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs) override;
   std::vector<Result<WriteAnswer>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
+  std::vector<Result<WriteAnswer>> ExtendBatch(std::span<const ExtendRequest> reqs) override;
 
   Result<std::optional<Record>> Get(std::string_view scope, std::string_view key) override;
   Result<std::vector<Record>> List(const ListFilter& filter) override;

@@ -235,6 +235,13 @@ TEST_F(PostgresStoreTest, ABatchIsOneTransaction) {
   }
   // Every row was written by the same transaction (one xmin).
   EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
+  std::vector<ExtendRequest> extends;
+  for (const CompleteRequest& c : completes) {
+    extends.push_back(
+        {.scope = "b", .key = c.key, .token = c.token, .lease = std::chrono::minutes(5)});
+  }
+  for (const auto& r : store_->ExtendBatch(extends)) EXPECT_THAT(r, IsApplied());
+  EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
   for (const auto& r : store_->CompleteBatch(completes)) EXPECT_THAT(r, IsApplied());
   EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
   EXPECT_EQ(Value("SELECT count(*) FROM " + Table("records") + " WHERE state = 2"), "300");

@@ -230,16 +230,17 @@ class RedisStore final : public Store {
 
   Result<WriteAnswer> Extend(std::string_view scope, std::string_view key, Token token,
                              std::chrono::milliseconds lease) override {
-    IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, max_key_bytes_));
-    IDEM_RETURN_IF_ERROR(core::CheckLease(lease));
-    return ToWrite("extend",
-                   router_->Run(ScriptCall(ScriptId::kExtend, redis::RecordKey(prefix_, scope, key),
-                                           WroteIfApplied)
-                                    .Arg(Now())
-                                    .UArg(token)
-                                    .Arg(lease.count())
-                                    .Arg(abandoned_)
-                                    .Take()));
+    const ExtendRequest req{.scope = scope, .key = key, .token = token, .lease = lease};
+    IDEM_RETURN_IF_ERROR(core::CheckExtend(req, max_key_bytes_));
+    return ToWrite("extend", router_->Run(ExtendCall(req, Now())));
+  }
+
+  // Pipelined: one round trip (per node, in a cluster).
+  std::vector<Result<WriteAnswer>> ExtendBatch(std::span<const ExtendRequest> reqs) override {
+    return RunBatch<WriteAnswer>(
+        reqs, [this](const ExtendRequest& r) { return core::CheckExtend(r, max_key_bytes_); },
+        [this](const ExtendRequest& r, std::int64_t now) { return ExtendCall(r, now); },
+        [](const Result<Reply>& reply) { return ToWrite("extend", reply); });
   }
 
   std::vector<Result<BeginAnswer>> BeginBatch(std::span<const BeginRequest> reqs) override {
@@ -654,6 +655,16 @@ class RedisStore final : public Store {
         .Arg(std::int64_t{req.outcome == Outcome::kFailure ? 1 : 0})
         .Arg(req.retention.count())
         .Arg(req.response)
+        .Take();
+  }
+
+  Request ExtendCall(const ExtendRequest& req, std::int64_t now) const {
+    return ScriptCall(ScriptId::kExtend, redis::RecordKey(prefix_, req.scope, req.key),
+                      WroteIfApplied)
+        .Arg(now)
+        .UArg(req.token)
+        .Arg(req.lease.count())
+        .Arg(abandoned_)
         .Take();
   }
 
