@@ -715,15 +715,18 @@ std::string Created(std::string_view body) {
 // An upstream on 127.0.0.1 that reads each request (headers, then a Content-Length body) and
 // lets `answer` write whatever bytes it likes on the connection; `answer` returns whether to
 // keep the connection for a next request. Requests are kept as received. Its listen backlog is
-// 0 and it accepts nothing before `accept_after`, so a test can hold a connect back: once one
-// connection is queued, the kernel drops further SYNs and the client sends its SYN again a
-// second later.
+// 0, and one built with `kHoldAccepts` accepts nothing until AcceptFrom's time, so a test can
+// hold a connect back: once one connection is queued, the kernel drops further SYNs and the
+// client sends its SYN again a second later.
 class FakeUpstream {
  public:
   using Answer = std::function<bool(int fd, const std::string& request)>;
+  static constexpr bool kHoldAccepts = true;
 
-  explicit FakeUpstream(Answer answer, std::chrono::milliseconds accept_after = 0ms)
-      : answer_(std::move(answer)) {
+  explicit FakeUpstream(Answer answer, bool hold_accepts = false)
+      : answer_(std::move(answer)),
+        accept_from_(hold_accepts ? std::chrono::steady_clock::time_point::max().time_since_epoch()
+                                  : std::chrono::steady_clock::duration::zero()) {
     listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -735,7 +738,7 @@ class FakeUpstream {
       ADD_FAILURE() << "fake upstream: cannot listen: " << std::strerror(errno);
     }
     port_ = ntohs(addr.sin_port);
-    acceptor_ = std::thread([this, accept_after] { Accept(accept_after); });
+    acceptor_ = std::thread([this] { Accept(); });
   }
   FakeUpstream(const FakeUpstream&) = delete;
   FakeUpstream& operator=(const FakeUpstream&) = delete;
@@ -747,6 +750,8 @@ class FakeUpstream {
   }
 
   std::uint16_t port() const { return port_; }
+  // A held upstream starts accepting at `t`.
+  void AcceptFrom(std::chrono::steady_clock::time_point t) { accept_from_ = t.time_since_epoch(); }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::vector<std::string> requests() const {
     std::lock_guard lock(mu_);
@@ -754,9 +759,12 @@ class FakeUpstream {
   }
 
  private:
-  void Accept(std::chrono::milliseconds accept_after) {
-    std::this_thread::sleep_for(accept_after);
+  void Accept() {
     while (!stop_) {
+      if (std::chrono::steady_clock::now().time_since_epoch() < accept_from_.load()) {
+        std::this_thread::sleep_for(5ms);
+        continue;
+      }
       pollfd p{listener_, POLLIN, 0};
       if (::poll(&p, 1, 20) <= 0) continue;
       const int fd = ::accept(listener_, nullptr, nullptr);
@@ -800,6 +808,8 @@ class FakeUpstream {
   }
 
   Answer answer_;
+  // Steady-clock time (since its epoch) from which connections are accepted.
+  std::atomic<std::chrono::steady_clock::duration> accept_from_;
   int listener_ = -1;
   std::uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -1014,9 +1024,11 @@ TEST_F(GatewayTest, CloseDelimitedUpstreamAnswersAreNotPooled) {
 }
 
 // One deadline covers the connect, the write and the read. The upstream holds the connect back
-// for about a second (its backlog is full until it accepts a filler connection at 500 ms),
-// then answers 1.2 s after the request: 2.2 s in all, over the 1.5 s upstream_timeout, though
-// each step alone is within it.
+// for about a second (its backlog is full until it accepts a filler connection 500 ms after
+// the request is sent), then answers 1.2 s after the request: 2.2 s in all, over the 1.5 s
+// upstream_timeout, though each step alone is within it. (The 500 ms count from the request,
+// not from the upstream's start: an idemd slow to start, under ASan on a loaded machine, once
+// let the filler be accepted first, and the connect went through at once.)
 TEST_F(GatewayTest, UpstreamTimeoutBoundsTheWholeCallConnectIncluded) {
   FakeUpstream upstream(
       [](int fd, const std::string&) {
@@ -1024,12 +1036,13 @@ TEST_F(GatewayTest, UpstreamTimeoutBoundsTheWholeCallConnectIncluded) {
         SendAll(fd, Created("late"));
         return true;
       },
-      500ms);
+      FakeUpstream::kHoldAccepts);
   auto filler = HttpConnection::Connect("127.0.0.1", upstream.port());
   ASSERT_TRUE(filler.has_value());
   ASSERT_NO_FATAL_FAILURE(
       StartIdemd({"--upstream", upstream.url(), "--upstream-timeout", "1500ms"}));
   const auto t0 = std::chrono::steady_clock::now();
+  upstream.AcceptFrom(t0 + 500ms);
   const HttpResponse r = Post(port_, "/charges", {{"Idempotency-Key", "t1"}});
   EXPECT_EQ(r.status, 504) << r.body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
