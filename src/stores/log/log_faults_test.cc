@@ -75,12 +75,14 @@ TEST_F(LogFaultsTest, ACompletionWhoseSyncFailedIsNeverReplayedAndThePowerFailur
 
 // Under sync=always the last batch is written into zeros reserved (and synced) ahead of it. A
 // power failure before its fdatasync can persist some of its pages and not others: never
-// acknowledged, so a torn tail to cut off, not damage. The batch here is four completions of
-// 4000 bytes (four pages or more); `lost_page(last)` says which page of the batch starting at
-// `last` never got to the disk.
+// acknowledged, so a torn tail to cut off, not damage. The batch here is one completion of
+// 16 000 bytes (four pages or more; one frame, so no other batch can take part of it: four
+// completions of 4 000 bytes were split between two group commits once, on a loaded machine,
+// when the flusher, awake after the begins' sync, took the first before the rest came);
+// `lost_page(last)` says which page of the batch starting at `last` never got to the disk.
 void LogFaultsTest::ExpectALostPageOfTheLastBatchCut(
     const std::function<std::size_t(std::size_t)>& lost_page) {
-  std::vector<std::string> keys = {"b0", "b1", "b2", "b3"};
+  std::vector<std::string> keys = {"b0"};
   {
     auto s = Open(Options());
     ASSERT_NE(s, nullptr);
@@ -89,7 +91,7 @@ void LogFaultsTest::ExpectALostPageOfTheLastBatchCut(
     std::vector<BeginRequest> begins;
     for (const auto& k : keys) begins.push_back({"t", k, std::nullopt, kLease});
     auto acquired = s->BeginBatch(begins);
-    const std::string response(4000, 'r');
+    const std::string response(16'000, 'r');
     std::vector<CompleteRequest> completes;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       ASSERT_TRUE(acquired[i] && std::holds_alternative<Acquired>(*acquired[i]));
@@ -104,7 +106,7 @@ void LogFaultsTest::ExpectALostPageOfTheLastBatchCut(
   const std::vector<std::size_t> batches = BatchOffsets(data, &end);
   ASSERT_EQ(end, data.size());
   const std::size_t last = batches.back();
-  ASSERT_GT(end - last, 3u * 4096) << "the four completions are one batch of four pages or more";
+  ASSERT_GT(end - last, 3u * 4096) << "the completion is one batch of four pages or more";
   // The zeros reserved ahead of the log, and a page of the batch that never got there: its
   // share of the page, as what the page held before (an earlier batch's end) was synced.
   data.append(std::size_t{1} << 20, '\0');

