@@ -59,6 +59,18 @@ class ConsumerTest : public ::testing::TestWithParam<bool> {
     return o;
   }
 
+  // A 1 s lease and fixed 400 ms retry delays (no jitter): a handler retried a few times
+  // outlasts the lease unless the batch's leases are extended.
+  ConsumerOptions RetriesPastTheLease(std::uint32_t max_attempts) {
+    ConsumerOptions o = Options();
+    o.lease = milliseconds(1'000);
+    o.backoff = milliseconds(400);
+    o.max_backoff = milliseconds(400);
+    o.jitter = 0;
+    o.max_attempts = max_attempts;
+    return o;
+  }
+
   // One whole round: pipelined, the batch completes and is acknowledged in Flush().
   static Result<std::size_t> Round(Consumer& consumer) {
     auto n = consumer.RunOnce();
@@ -536,12 +548,7 @@ TEST_P(ConsumerTest, PollFailureIsReported) {
 TEST_P(ConsumerTest, LongRetriesExtendTheBatchsLeases) {
   broker_.PublishKeyed("p0", "slow");
   broker_.PublishKeyed("p0", "waiting");
-  auto options = Options();
-  options.lease = milliseconds(1'000);
-  options.backoff = milliseconds(400);
-  options.max_backoff = milliseconds(400);
-  options.jitter = 0;
-  options.max_attempts = 6;
+  const ConsumerOptions options = RetriesPastTheLease(6);
   int slow_runs = 0;
   Consumer consumer(
       *store_, broker_,
@@ -589,12 +596,7 @@ TEST_P(ConsumerTest, ABatchsLeasesAreExtendedInOneCall) {
   for (int i = 0; i < 8; ++i)
     broker_.PublishKeyed("p" + std::to_string(i % 2), "k" + std::to_string(i));
   ExtendCountingStore counting(*store_);
-  auto options = Options();
-  options.lease = milliseconds(1'000);
-  options.backoff = milliseconds(400);
-  options.max_backoff = milliseconds(400);
-  options.jitter = 0;
-  options.max_attempts = 5;
+  const ConsumerOptions options = RetriesPastTheLease(5);
   int k0_runs = 0;
   Consumer consumer(
       counting, broker_,

@@ -213,10 +213,9 @@ std::optional<AckReply> ParseAckReply(std::string_view reply) {
   const auto [end, ec] =
       std::from_chars(delivered.data(), delivered.data() + delivered.size(), out.delivered);
   if (ec != std::errc() || end != delivered.data() + delivered.size()) return std::nullopt;
-  if (sequence.empty() ||
-      !std::all_of(sequence.begin(), sequence.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::nullopt;
-  }
+  const auto [seq_end, seq_ec] =
+      std::from_chars(sequence.data(), sequence.data() + sequence.size(), out.sequence);
+  if (seq_ec != std::errc() || seq_end != sequence.data() + sequence.size()) return std::nullopt;
   out.stream_sequence = sequence;
   return out;
 }

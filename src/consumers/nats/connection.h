@@ -75,6 +75,7 @@ inline Status CheckStream(jsCtx* js, std::string_view name) {
 //   $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<stream seq>...  (newer)
 struct AckReply {
   std::string_view stream_sequence;  // decimal digits
+  std::uint64_t sequence = 0;        // the same, as a number
   std::uint64_t delivered = 0;
 };
 // nullopt when `reply` is not such a subject.

@@ -1,6 +1,5 @@
 // The JetStream Broker: one durable pull consumer, explicit acks. See idem/consumers/nats.h.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -222,17 +221,20 @@ class NatsBroker final : public Broker {
       MsgPtr owned(msg);
       BrokerMessage m;
       std::uint64_t delivered = 1;
+      std::uint64_t sequence = 0;
       // The reply subject holds the metadata; reading it in place saves natsMsg_GetMetaData's
       // allocations on the hot path. Anything unexpected goes the library's way.
       const char* reply = natsMsg_GetReply(msg);
       if (auto ack = ParseAckReply(reply != nullptr ? reply : ""); ack.has_value()) {
         m.position = ack->stream_sequence;
+        sequence = ack->sequence;
         delivered = ack->delivered;
       } else {
         jsMsgMetaData* raw_meta = nullptr;
         if (natsMsg_GetMetaData(&raw_meta, msg) != NATS_OK) continue;  // not from JetStream
         std::unique_ptr<jsMsgMetaData, MetaDataCloser> meta(raw_meta);
-        m.position = std::to_string(meta->Sequence.Stream);
+        sequence = meta->Sequence.Stream;
+        m.position = std::to_string(sequence);
         delivered = meta->NumDelivered;
       }
       m.partition = natsMsg_GetSubject(msg);
@@ -240,9 +242,9 @@ class NatsBroker final : public Broker {
       m.headers = ReadHeaders(msg);
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
-      if (Overtakes(m, owned.get(), now)) continue;
+      if (Overtakes(m.partition, sequence, owned.get(), now)) continue;
       m.handle = next_handle_++;
-      pending_.emplace(m.handle, Pending{std::move(owned), now});
+      pending_.emplace(m.handle, Pending{std::move(owned), now, sequence});
       out.push_back(std::move(m));
     }
     natsMsgList_Destroy(&list);
@@ -333,6 +335,7 @@ class NatsBroker final : public Broker {
   struct Pending {
     MsgPtr msg;
     SteadyClock::time_point touched;
+    std::uint64_t sequence;  // in the stream (BrokerMessage::position, as a number)
   };
 
   // A subject whose messages from `sequence` on were handed back (NAKed): JetStream lets newer
@@ -349,25 +352,22 @@ class NatsBroker final : public Broker {
   void Hold(std::span<const BrokerMessage* const> messages, milliseconds delay) {
     const auto now = SteadyClock::now();
     for (const BrokerMessage* m : messages) {
-      if (!pending_.contains(m->handle)) continue;
-      std::uint64_t seq = 0;
-      const char* end = m->position.data() + m->position.size();
-      if (std::from_chars(m->position.data(), end, seq).ptr != end) continue;
+      auto p = pending_.find(m->handle);
+      if (p == pending_.end()) continue;
+      const std::uint64_t seq = p->second.sequence;
       auto [it, inserted] = held_.try_emplace(m->partition, Held{seq, {}, {}});
       if (!inserted && seq >= it->second.sequence && now < it->second.until) continue;
       it->second = {seq, now + delay, now + delay + kHoldGrace};
     }
   }
 
-  // True when `m` (not handed out yet) is newer than a handed-back message of its subject: it
-  // is NAKed to come back after that one.
-  bool Overtakes(const BrokerMessage& m, natsMsg* msg, SteadyClock::time_point now) {
+  // True when message `seq` of `subject` (not handed out yet) is newer than a handed-back
+  // message of its subject: it is NAKed to come back after that one.
+  bool Overtakes(const std::string& subject, std::uint64_t seq, natsMsg* msg,
+                 SteadyClock::time_point now) {
     if (held_.empty()) return false;
-    auto it = held_.find(m.partition);
+    auto it = held_.find(subject);
     if (it == held_.end()) return false;
-    std::uint64_t seq = 0;
-    const char* end = m.position.data() + m.position.size();
-    if (std::from_chars(m.position.data(), end, seq).ptr != end) return false;
     if (seq <= it->second.sequence || now >= it->second.until) {
       held_.erase(it);  // the handed-back message is back (or given up): the subject flows
       return false;

@@ -174,10 +174,12 @@ TEST(NatsAckReplyTest, ReadsSequenceAndDeliveriesFromBothForms) {
   auto v1 = ParseAckReply("$JS.ACK.ORDERS.worker.3.1042.77.1700000000000000000.12");
   ASSERT_TRUE(v1.has_value());
   EXPECT_EQ(v1->stream_sequence, "1042");
+  EXPECT_EQ(v1->sequence, 1042u);
   EXPECT_EQ(v1->delivered, 3u);
   auto v2 = ParseAckReply("$JS.ACK.hub.ACCHASH.ORDERS.worker.1.7.7.1700000000000000000.0.r4nd0m");
   ASSERT_TRUE(v2.has_value());
   EXPECT_EQ(v2->stream_sequence, "7");
+  EXPECT_EQ(v2->sequence, 7u);
   EXPECT_EQ(v2->delivered, 1u);
   auto v2_short = ParseAckReply("$JS.ACK._.ACCHASH.ORDERS.worker.2.9.8.1700000000000000000.0");
   ASSERT_TRUE(v2_short.has_value());
