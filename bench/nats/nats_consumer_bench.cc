@@ -15,9 +15,10 @@
 //
 //   nats_consumer_bench --url nats://127.0.0.1:PORT [--messages 100000] [--batch 256]
 //                       [--subjects 16] [--payload 100] [--rounds 3] [--dir /tmp]
-//                       [--only plain,broker,memory,log] [--ack-sync]
+//                       [--only plain,broker,memory,log] [--ack-sync] [--pipeline]
 // --ack-sync: the plain consumer uses natsMsg_AckSync (a round trip per message) instead of
 // ack + flush, to show what that would cost.
+// --pipeline: (b) and (c) run the consumer pipelined (ConsumerOptions::pipeline).
 #include <nats/nats.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -52,6 +53,7 @@ struct Flags {
   std::string dir = "/tmp";
   std::string only = "plain,broker,memory,log";
   bool ack_sync = false;
+  bool pipeline = false;
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -85,6 +87,8 @@ Flags Parse(int argc, char** argv) {
       f.only = next();
     } else if (a == "--ack-sync") {
       f.ack_sync = true;
+    } else if (a == "--pipeline") {
+      f.pipeline = true;
     } else {
       Die("unknown flag " + a + " (see the comment at the top of nats_consumer_bench.cc)");
     }
@@ -252,7 +256,8 @@ Pass RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem::S
   o.name = durable;
   o.scope = durable;  // a scope per pass: every key is new to it
   o.batch_size = f.batch;
-  o.poll_wait = 100ms;  // not pipelined, as idemd consume runs NATS (docs/consumers.md)
+  o.poll_wait = 100ms;
+  o.pipeline = f.pipeline;  // off by default, as idemd consume runs NATS (docs/consumers.md)
   idem::Consumer consumer(
       store, **broker,
       [](const idem::HandlerContext&, const idem::BrokerMessage&) {

@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "consumers/nats/connection.h"
 #include "idem/consumers/nats.h"
@@ -42,6 +44,10 @@ constexpr std::chrono::milliseconds kOvertakerMargin{20};
 // subject is given up (JetStream hands a due redelivery out first; one that does not come went
 // to another consumer of the durable, or out of the stream).
 constexpr std::chrono::milliseconds kHoldGrace{1'000};
+// During a restart hold (RestartHold), a newer message is NAKed to come back after this share
+// of ack_wait (at least kMinRestartStep), to be looked at again.
+constexpr int kRestartSteps = 10;
+constexpr std::chrono::milliseconds kMinRestartStep{50};
 
 // Stream and consumer names become subject tokens of the JetStream API.
 bool ValidName(std::string_view name) {
@@ -176,6 +182,7 @@ class NatsBroker final : public Broker {
     if (!stream_subjects) return stream_subjects.error();
     IDEM_RETURN_IF_ERROR(ChooseFilter(*stream_subjects));
     IDEM_RETURN_IF_ERROR(EnsureConsumer());
+    IDEM_RETURN_IF_ERROR(HoldForWhatIsPending());
     return Subscribe();
   }
 
@@ -243,6 +250,7 @@ class NatsBroker final : public Broker {
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
       if (Overtakes(m.partition, sequence, owned.get(), now)) continue;
+      if (restart_hold_ && HeldForRestart(m.partition, sequence, owned.get(), now)) continue;
       m.handle = next_handle_++;
       pending_.emplace(m.handle, Pending{std::move(owned), now, sequence});
       out.push_back(std::move(m));
@@ -353,27 +361,88 @@ class NatsBroker final : public Broker {
     const auto now = SteadyClock::now();
     for (const BrokerMessage* m : messages) {
       auto p = pending_.find(m->handle);
-      if (p == pending_.end()) continue;
-      const std::uint64_t seq = p->second.sequence;
-      auto [it, inserted] = held_.try_emplace(m->partition, Held{seq, {}, {}});
-      if (!inserted && seq >= it->second.sequence && now < it->second.until) continue;
-      it->second = {seq, now + delay, now + delay + kHoldGrace};
+      if (p != pending_.end()) HoldSubject(m->partition, p->second.sequence, now, delay);
     }
   }
 
+  // Holds `subject` from message `seq` on, which was NAKed `now` with `delay`; a hold from an
+  // older message still in force stays.
+  void HoldSubject(const std::string& subject, std::uint64_t seq, SteadyClock::time_point now,
+                   milliseconds delay) {
+    auto [it, inserted] = held_.try_emplace(subject, Held{seq, {}, {}});
+    if (!inserted && seq >= it->second.sequence && now < it->second.until) return;
+    it->second = {seq, now + delay, now + delay + kHoldGrace};
+  }
+
   // True when message `seq` of `subject` (not handed out yet) is newer than a handed-back
-  // message of its subject: it is NAKed to come back after that one.
+  // message of its subject: it is NAKed to come back after that one. An older message passes
+  // and leaves the hold as it is (after a restart, the previous process's messages come back
+  // while this one's newer messages are held).
   bool Overtakes(const std::string& subject, std::uint64_t seq, natsMsg* msg,
                  SteadyClock::time_point now) {
     if (held_.empty()) return false;
     auto it = held_.find(subject);
-    if (it == held_.end()) return false;
-    if (seq <= it->second.sequence || now >= it->second.until) {
+    if (it == held_.end() || seq < it->second.sequence) return false;
+    if (seq == it->second.sequence || now >= it->second.until) {
       held_.erase(it);  // the handed-back message is back (or given up): the subject flows
       return false;
     }
     const auto wait = std::chrono::ceil<milliseconds>(it->second.due - now) + kOvertakerMargin;
     (void)natsMsg_NakWithDelay(msg, std::max<std::int64_t>(wait.count(), 1), nullptr);
+    return true;
+  }
+
+  // What the durable had delivered and not seen acknowledged when this Broker started: the
+  // messages a process before this one polled and never settled (it was killed, or stopped
+  // without handing them back). JetStream delivers them again once their ack_wait (or NAK
+  // delay) runs out, but meanwhile lets newer messages out as far as max_ack_pending has room,
+  // and unevenly: a killed consumer had touched (+WPI) only its batch's unsettled messages, so
+  // the settled ones come back first, and once they are acknowledged the room goes to newer
+  // messages of the same subjects, ahead of the unsettled ones. Until every message pending at
+  // the start is back (or ack_wait and a grace have passed: one may have gone to another
+  // consumer of the durable, or out of the stream), a message newer than all of them is NAKed
+  // to be looked at again a step later, and its subject held behind it (HoldSubject).
+  struct RestartHold {
+    std::uint64_t last_delivered;  // the newest stream sequence delivered before the start
+    std::int64_t missing;          // pending at the start and not back yet
+    std::unordered_set<std::uint64_t> back;
+    SteadyClock::time_point until;  // the hold is given up
+  };
+
+  Status HoldForWhatIsPending() {
+    jsConsumerInfo* raw = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
+                                            config_.durable.c_str(), nullptr, &jerr);
+    std::unique_ptr<jsConsumerInfo, ConsumerInfoCloser> info(raw);
+    if (s != NATS_OK || info == nullptr) {
+      return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
+    }
+    if (info->NumAckPending <= 0) return OkStatus();
+    restart_hold_ = RestartHold{.last_delivered = info->Delivered.Stream,
+                                .missing = info->NumAckPending,
+                                .back = {},
+                                .until = SteadyClock::now() + config_.ack_wait + kHoldGrace};
+    return OkStatus();
+  }
+
+  // True when message `seq` of `subject` is held back by the restart hold (and was NAKed).
+  bool HeldForRestart(const std::string& subject, std::uint64_t seq, natsMsg* msg,
+                      SteadyClock::time_point now) {
+    RestartHold& h = *restart_hold_;
+    if (now >= h.until) {
+      restart_hold_.reset();
+      return false;
+    }
+    if (seq <= h.last_delivered) {  // one of those pending at the start
+      if (h.back.insert(seq).second && --h.missing <= 0) restart_hold_.reset();
+      return false;
+    }
+    const milliseconds step = std::max(kMinRestartStep, config_.ack_wait / kRestartSteps);
+    const milliseconds delay =
+        std::clamp(std::chrono::ceil<milliseconds>(h.until - now), milliseconds(1), step);
+    (void)natsMsg_NakWithDelay(msg, delay.count(), nullptr);
+    HoldSubject(subject, seq, now, delay);
     return true;
   }
 
@@ -558,6 +627,7 @@ class NatsBroker final : public Broker {
   SubscriptionPtr sub_;
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::unordered_map<std::string, Held> held_;  // by subject
+  std::optional<RestartHold> restart_hold_;     // set by Start when messages were pending
   std::uint64_t next_handle_ = 1;
   SteadyClock::time_point last_ensure_{};
 };
