@@ -27,6 +27,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -235,15 +236,16 @@ struct Charge {
   std::string account;
   long amount = 0;
   std::string key;
+  std::string attempt;  // the Idempotency-Attempt the ledger saw, "" when none
 };
 
 std::vector<Charge> ParseCharges(const std::string& body) {
   static const std::regex kCharge(
-      R"re(\{"id":(\d+),"account":"([^"]*)","amount":(-?\d+),"idempotency_key":"([^"]*)")re");
+      R"re(\{"id":(\d+),"account":"([^"]*)","amount":(-?\d+),"idempotency_key":"([^"]*)"(?:,"attempt":"?([^",}]*))?)re");
   std::vector<Charge> out;
   for (auto it = std::sregex_iterator(body.begin(), body.end(), kCharge);
        it != std::sregex_iterator(); ++it) {
-    out.push_back({std::stol((*it)[1]), (*it)[2], std::stol((*it)[3]), (*it)[4]});
+    out.push_back({std::stol((*it)[1]), (*it)[2], std::stol((*it)[3]), (*it)[4], (*it)[5]});
   }
   return out;
 }
@@ -411,6 +413,7 @@ TEST_P(ConsumeE2eTest, KilledConsumerChargesEachKeyOnceInOrderAndDeadLettersExac
   if (HasFatalFailure()) return;
   int kills = 0;
   std::size_t last = 0;
+  std::ostringstream history;  // the kills and the killed consumers' logs, for a failure
   const auto deadline = std::chrono::steady_clock::now() + 300s;
   while (kills < kKills && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 250));
@@ -420,9 +423,17 @@ TEST_P(ConsumeE2eTest, KilledConsumerChargesEachKeyOnceInOrderAndDeadLettersExac
       continue;  // not consuming yet (joining, waiting out a lease): kill when it works
     }
     last = now;
+    auto counters = HttpRequest(consumer_admin_, "GET", "/metrics");
     ASSERT_TRUE(consumer_->Kill(SIGKILL).ok());
     (void)consumer_->Wait(10s);
     ++kills;
+    history << "killed at " << ChargeCount() << " charges; its log:\n" << consumer_->Stderr();
+    if (counters) {  // the consumer's counters just before the kill
+      std::istringstream lines(counters->body);
+      for (std::string l; std::getline(lines, l);) {
+        if (l.starts_with("idem_consumer_") && !l.ends_with(" 0")) history << l << "\n";
+      }
+    }
     StartConsumer();
     if (HasFatalFailure()) return;
   }
@@ -455,10 +466,16 @@ TEST_P(ConsumeE2eTest, KilledConsumerChargesEachKeyOnceInOrderAndDeadLettersExac
   }
   // Each partition's charges in publish order: amount is the rank in the partition.
   std::map<std::string, long> last_amount;
+  bool in_order = true;
   for (const Charge& c : charges) {
-    EXPECT_GT(c.amount, last_amount[c.account]) << "charge " << c.id << " of " << c.account;
+    EXPECT_GT(c.amount, last_amount[c.account])
+        << "charge " << c.id << " of " << c.account << " (key " << c.key << ", attempt "
+        << c.attempt << ")";
+    in_order = in_order && c.amount > last_amount[c.account];
     last_amount[c.account] = c.amount;
   }
+  if (!in_order)
+    ADD_FAILURE() << history.str() << "the running consumer's log:\n" << consumer_->Stderr();
 
   // The DLQ: exactly the poison and the rejected messages. Dead letters are at least once: a
   // kill repeats those published for messages the consumer had not acknowledged yet, which

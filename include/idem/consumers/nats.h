@@ -19,9 +19,10 @@
 //                created again (deliver-all: the stream is read from its start, and the store
 //                answers Replay for what was done).
 //                After a restart (Open finds messages of the durable delivered and not yet
-//                acknowledged), messages newer than all of those are NAKed on arrival, to be
-//                looked at again a tenth of ack_wait later, until every one of those came back
-//                (or ack_wait + 1 s passed): each subject's order holds across a crash.
+//                acknowledged), those are gathered as they come back and handed out together
+//                in stream order, and newer messages are NAKed on arrival (to be looked at again
+//                a tenth of ack_wait later) until every one of those came back, or ack_wait +
+//                1 s passed: each subject's order holds across crashes.
 //   Acknowledge  +ACK each message, then a flush (a round trip to the server), so the acks
 //                have reached the server when it returns ok; kUnavailable otherwise.
 //   Redeliver    -NAK with the delay, message by message in the order given. JetStream keeps

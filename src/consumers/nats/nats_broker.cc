@@ -2,11 +2,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "consumers/nats/connection.h"
 #include "idem/consumers/nats.h"
@@ -163,6 +164,7 @@ class NatsBroker final : public Broker {
   ~NatsBroker() override {
     // Messages reference the subscription; drop them first.
     pending_.clear();
+    restart_hold_.reset();
     sub_.reset();
   }
 
@@ -191,10 +193,16 @@ class NatsBroker final : public Broker {
   Result<std::vector<BrokerMessage>> Poll(std::size_t max, milliseconds wait) override {
     std::vector<BrokerMessage> out;
     if (max == 0) return out;
+    // What a restart hold released goes first, in order, before anything is fetched.
+    if (!ready_.empty()) return TakeReady(max);
     // While libnats reconnects, a pull request would only wait in its reconnect buffer and
     // reach the server later as a stale request: say so at once instead.
     if (!Connected()) return UnavailableError("nats: not connected to " + shown_url_);
     Sweep();
+    if (restart_hold_ && SteadyClock::now() >= restart_hold_->until) {
+      EndRestartHold();
+      if (!ready_.empty()) return TakeReady(max);
+    }
     // Never ask for more than max_ack_pending: the server cannot send more, and a fetch that
     // waits for the rest waits out all of `wait` (measured: 1/10 of the rate).
     const int batch = static_cast<int>(
@@ -250,12 +258,20 @@ class NatsBroker final : public Broker {
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
       if (Overtakes(m.partition, sequence, owned.get(), now)) continue;
-      if (restart_hold_ && HeldForRestart(m.partition, sequence, owned.get(), now)) continue;
+      if (restart_hold_) {
+        HoldForRestart(std::move(m), std::move(owned), sequence, now);
+        continue;
+      }
       m.handle = next_handle_++;
       pending_.emplace(m.handle, Pending{std::move(owned), now, sequence});
-      out.push_back(std::move(m));
+      if (ready_.empty()) {
+        out.push_back(std::move(m));
+      } else {
+        ready_.push_back(std::move(m));  // behind what a restart hold released in this fetch
+      }
     }
     natsMsgList_Destroy(&list);
+    if (!ready_.empty()) return TakeReady(max);
     return out;
   }
 
@@ -395,18 +411,25 @@ class NatsBroker final : public Broker {
   // What the durable had delivered and not seen acknowledged when this Broker started: the
   // messages a process before this one polled and never settled (it was killed, or stopped
   // without handing them back). JetStream delivers them again once their ack_wait (or NAK
-  // delay) runs out, but meanwhile lets newer messages out as far as max_ack_pending has room,
-  // and unevenly: a killed consumer had touched (+WPI) only its batch's unsettled messages, so
-  // the settled ones come back first, and once they are acknowledged the room goes to newer
-  // messages of the same subjects, ahead of the unsettled ones. Until every message pending at
-  // the start is back (or ack_wait and a grace have passed: one may have gone to another
-  // consumer of the durable, or out of the stream), a message newer than all of them is NAKed
-  // to be looked at again a step later, and its subject held behind it (HoldSubject).
+  // delay) runs out, but not in their order: a killed consumer had touched (+WPI) only its
+  // batch's unsettled messages, so the settled ones come back first, and what it had NAKed
+  // comes back when its delay ends. Meanwhile JetStream lets newer messages out as far as
+  // max_ack_pending has room (once the settled ones are acknowledged, ahead of the unsettled
+  // ones). So until every message pending at the start is back (or ack_wait and a grace have
+  // passed: one may have gone to another consumer of the durable, or out of the stream):
+  //   - those messages are gathered, and then handed out in stream order (ready_);
+  //   - a message newer than all of them is NAKed, to be looked at again a step later, and its
+  //     subject is held behind it (HoldSubject). After another crash it is one of the pending
+  //     ones, and is gathered and ordered with the rest.
   struct RestartHold {
+    struct Gathered {
+      BrokerMessage message;
+      MsgPtr msg;
+    };
     std::uint64_t last_delivered;  // the newest stream sequence delivered before the start
-    std::int64_t missing;          // pending at the start and not back yet
-    std::unordered_set<std::uint64_t> back;
-    SteadyClock::time_point until;  // the hold is given up
+    std::size_t pending;           // how many messages were pending at the start
+    std::map<std::uint64_t, Gathered> gathered;  // by stream sequence
+    SteadyClock::time_point until;               // the hold is given up
   };
 
   Status HoldForWhatIsPending() {
@@ -419,31 +442,48 @@ class NatsBroker final : public Broker {
       return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
     }
     if (info->NumAckPending <= 0) return OkStatus();
-    restart_hold_ = RestartHold{.last_delivered = info->Delivered.Stream,
-                                .missing = info->NumAckPending,
-                                .back = {},
-                                .until = SteadyClock::now() + config_.ack_wait + kHoldGrace};
+    restart_hold_.emplace();
+    restart_hold_->last_delivered = info->Delivered.Stream;
+    restart_hold_->pending = static_cast<std::size_t>(info->NumAckPending);
+    restart_hold_->until = SteadyClock::now() + config_.ack_wait + kHoldGrace;
     return OkStatus();
   }
 
-  // True when message `seq` of `subject` is held back by the restart hold (and was NAKed).
-  bool HeldForRestart(const std::string& subject, std::uint64_t seq, natsMsg* msg,
-                      SteadyClock::time_point now) {
+  // Message `seq` of `m.partition` arrived during the restart hold: gathered when it was
+  // pending at the start (a second delivery replaces the first), else NAKed.
+  void HoldForRestart(BrokerMessage m, MsgPtr msg, std::uint64_t seq, SteadyClock::time_point now) {
     RestartHold& h = *restart_hold_;
-    if (now >= h.until) {
-      restart_hold_.reset();
-      return false;
-    }
-    if (seq <= h.last_delivered) {  // one of those pending at the start
-      if (h.back.insert(seq).second && --h.missing <= 0) restart_hold_.reset();
-      return false;
+    if (seq <= h.last_delivered) {
+      h.gathered.insert_or_assign(seq, RestartHold::Gathered{std::move(m), std::move(msg)});
+      if (h.gathered.size() >= h.pending) EndRestartHold();
+      return;
     }
     const milliseconds step = std::max(kMinRestartStep, config_.ack_wait / kRestartSteps);
     const milliseconds delay =
         std::clamp(std::chrono::ceil<milliseconds>(h.until - now), milliseconds(1), step);
-    (void)natsMsg_NakWithDelay(msg, delay.count(), nullptr);
-    HoldSubject(subject, seq, now, delay);
-    return true;
+    (void)natsMsg_NakWithDelay(msg.get(), delay.count(), nullptr);
+    HoldSubject(m.partition, seq, now, delay);
+  }
+
+  // Hands out what the hold gathered, in stream order (so each subject's), before anything
+  // fetched after it.
+  void EndRestartHold() {
+    const auto now = SteadyClock::now();
+    for (auto& [seq, g] : restart_hold_->gathered) {
+      g.message.handle = next_handle_++;
+      pending_.emplace(g.message.handle, Pending{std::move(g.msg), now, seq});
+      ready_.push_back(std::move(g.message));
+    }
+    restart_hold_.reset();
+  }
+
+  std::vector<BrokerMessage> TakeReady(std::size_t max) {
+    std::vector<BrokerMessage> out;
+    while (!ready_.empty() && out.size() < max) {
+      out.push_back(std::move(ready_.front()));
+      ready_.pop_front();
+    }
+    return out;
   }
 
   jsCtx* js() { return connection_.js.get(); }
@@ -628,6 +668,7 @@ class NatsBroker final : public Broker {
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::unordered_map<std::string, Held> held_;  // by subject
   std::optional<RestartHold> restart_hold_;     // set by Start when messages were pending
+  std::deque<BrokerMessage> ready_;             // released by the restart hold, for Poll
   std::uint64_t next_handle_ = 1;
   SteadyClock::time_point last_ensure_{};
 };

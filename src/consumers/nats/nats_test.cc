@@ -437,6 +437,46 @@ TEST(NatsBrokerTest, AfterARestartNewerMessagesWaitForWhatWasPendingBefore) {
   EXPECT_EQ(order, (std::vector<std::string>{"x0", "x1", "x2", "x3", "x4", "x5"}));
 }
 
+// A Broker killed during its restart hold leaves the newer messages it NAKed pending too, due
+// long before the older ones it was waiting for. The next Broker gathers everything pending
+// at its start and hands it out in stream order.
+TEST(NatsBrokerTest, AfterTwoCrashesInARowTheOrderStillHolds) {
+  Names n;
+  auto c = n.Config(SharedUrl());
+  c.ack_wait = 1s;
+  c.max_ack_pending = 4;
+  auto p = OpenPublisher(SharedUrl());
+  auto first = Open(c);
+  ASSERT_TRUE(first && p);
+  for (int i = 0; i < 6; ++i)
+    ASSERT_TRUE(p->Publish(n.Subject("x"), "x" + std::to_string(i)).has_value());
+  const auto batch = PollN(*first, 4, 5s);  // x0..x3
+  ASSERT_EQ(batch.size(), 4u);
+  ASSERT_TRUE(first->Acknowledge(Ptrs(std::span(batch).first(2))).ok());
+  first.reset();  // x2, x3 pending, due a second after the poll
+
+  auto second = Open(c);  // gets x4 and x5 (room for two), and NAKs them for 100 ms
+  ASSERT_TRUE(second);
+  for (int i = 0; i < 3; ++i) {
+    auto got = second->Poll(10, 100ms);
+    ASSERT_TRUE(got) << got.error().ToString();
+    EXPECT_TRUE(got->empty()) << "x2 and x3 are not back yet";
+  }
+  second.reset();
+
+  auto third = Open(c);
+  ASSERT_TRUE(third);
+  std::vector<std::string> order;
+  const auto deadline = SteadyClock::now() + 10s;
+  while (order.size() < 4 && SteadyClock::now() < deadline) {
+    auto got = third->Poll(10, 100ms);
+    ASSERT_TRUE(got) << got.error().ToString();
+    for (const auto& m : *got) order.push_back(m.payload);
+    ASSERT_TRUE(third->Acknowledge(Ptrs(*got)).ok());
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"x2", "x3", "x4", "x5"}));
+}
+
 // What was pending at the start may never come back to this Broker (another consumer of the
 // durable has it, or it left the stream): the hold is given up ack_wait and a second after the
 // start.
