@@ -15,10 +15,11 @@
 //
 //   nats_consumer_bench --url nats://127.0.0.1:PORT [--messages 100000] [--batch 256]
 //                       [--subjects 16] [--payload 100] [--rounds 3] [--dir /tmp]
-//                       [--only plain,broker,memory,log] [--ack-sync] [--pipeline]
+//                       [--only plain,broker,memory,log] [--ack-sync] [--pipeline 1]
 // --ack-sync: the plain consumer uses natsMsg_AckSync (a round trip per message) instead of
 // ack + flush, to show what that would cost.
-// --pipeline: (b) and (c) run the consumer pipelined (ConsumerOptions::pipeline).
+// --pipeline 0: (b) and (c) run the consumer without ConsumerOptions::pipeline (idemd consume
+// pipelines NATS by default).
 #include <nats/nats.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -53,7 +54,7 @@ struct Flags {
   std::string dir = "/tmp";
   std::string only = "plain,broker,memory,log";
   bool ack_sync = false;
-  bool pipeline = false;
+  bool pipeline = true;
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -88,7 +89,7 @@ Flags Parse(int argc, char** argv) {
     } else if (a == "--ack-sync") {
       f.ack_sync = true;
     } else if (a == "--pipeline") {
-      f.pipeline = true;
+      f.pipeline = next() != "0";
     } else {
       Die("unknown flag " + a + " (see the comment at the top of nats_consumer_bench.cc)");
     }
@@ -257,7 +258,7 @@ Pass RunIdem(const Flags& f, const Setup& s, const std::string& durable, idem::S
   o.scope = durable;  // a scope per pass: every key is new to it
   o.batch_size = f.batch;
   o.poll_wait = 100ms;
-  o.pipeline = f.pipeline;  // off by default, as idemd consume runs NATS (docs/consumers.md)
+  o.pipeline = f.pipeline;  // on by default, as idemd consume runs NATS (docs/consumers.md)
   idem::Consumer consumer(
       store, **broker,
       [](const idem::HandlerContext&, const idem::BrokerMessage&) {
@@ -324,7 +325,8 @@ int main(int argc, char** argv) {
       record("c", "(c) idem + log store, sync=always", round, p);
     }
   }
-  std::printf("medians over %d rounds (%zu messages, batch %zu):\n", f.rounds, f.messages, f.batch);
+  std::printf("medians over %d rounds (%zu messages, batch %zu, pipeline %d):\n", f.rounds,
+              f.messages, f.batch, f.pipeline ? 1 : 0);
   std::map<std::string, double> rate;
   for (const auto& [name, v] : passes) {
     std::vector<double> rates, cpus;

@@ -299,7 +299,7 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
   if (!has_scope) c.scope = c.name;
   if (c.broker == BrokerKind::kNats && c.dlq_stream.empty()) c.dlq_stream = c.stream + "_DLQ";
   if (c.consumer_name.empty()) c.consumer_name = c.name;
-  if (!c.pipeline) c.pipeline = c.broker != BrokerKind::kNats;
+  if (!c.pipeline) c.pipeline = true;
   config.consumers.push_back(std::move(c));
   return OkStatus();
 }
@@ -468,9 +468,7 @@ Top-level options (file or flag):
   busy_timeout       how long a key another worker holds is waited for (default lease + 1s)
   pipeline           poll the next batch while a batch's begins (with the completions of
                      the batch before it) go to the store: one group commit per batch, and
-                     its sync overlaps the poll (default true for kafka and redis; false for
-                     nats, where it would let a restarted consumer run newer messages of a
-                     subject before older ones)
+                     its sync overlaps the poll (default true)
 
 Durations: "250ms", "30s", "5m", "1h" or an integer of milliseconds.
 Exit status: 0 after SIGTERM/SIGINT, 1 when the store, a broker or the admin listener cannot be

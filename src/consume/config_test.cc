@@ -46,6 +46,19 @@ TEST(ConsumeConfigTest, MinimalKafkaConsumerGetsTheDefaults) {
   EXPECT_EQ(k.pipeline, true);
 }
 
+// Every broker is pipelined unless the config says otherwise; NATS too since its adapter
+// orders what a crash left pending (docs/nats.md).
+TEST(ConsumeConfigTest, EveryBrokerIsPipelinedByDefault) {
+  for (std::string_view broker : {"kafka", "nats", "redis"}) {
+    std::string toml(kMinimal);
+    toml.replace(toml.find("\"kafka\""), 7, "\"" + std::string(broker) + "\"");
+    if (broker == "nats") toml += "stream = \"PAYMENTS\"\n";
+    auto c = ParseConsumeConfig(toml, "c.toml");
+    ASSERT_TRUE(c.has_value()) << broker << ": " << c.error().message();
+    EXPECT_EQ(c->consumers[0].pipeline, true) << broker;
+  }
+}
+
 TEST(ConsumeConfigTest, EveryOptionIsRead) {
   auto c = ParseConsumeConfig(R"(
 store = "memory:"

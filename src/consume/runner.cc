@@ -111,11 +111,10 @@ Result<std::unique_ptr<Broker>> OpenBroker(const ConsumerConfig& c) {
       n.dlq_subject = c.dlq;
       n.dlq_stream = c.dlq_stream;
       n.ack_wait = c.ack_wait;
-      // No more unacknowledged messages out than one batch: after a crash the server
-      // redelivers them (after ack_wait) before it lets anything newer out, so each subject's
-      // order of effects holds across restarts. Pipelined, the consumer holds three batches
-      // (one completing, one begun, one just polled): the order across a crash is then not
-      // kept (docs/consumers.md).
+      // No more unacknowledged messages out than the consumer holds: one batch, or three
+      // pipelined (one completing, one begun, one just polled). After a crash the restarted
+      // adapter gathers them and hands them out in stream order before anything newer
+      // (docs/nats.md), so each subject's order of effects holds across restarts.
       n.max_ack_pending = static_cast<int>(c.batch * (c.pipeline.value_or(false) ? 3 : 1));
       n.connection_name = "idemd-" + c.name;
       return nats::OpenNatsConsumer(n);

@@ -401,6 +401,47 @@ TEST(NatsBrokerTest, NewerMessagesOfAHandedBackSubjectWaitForTheHandedBackOnes) 
   EXPECT_EQ(order, (std::vector<std::string>{"x1", "x2", "x3", "x4"}));
 }
 
+// Polls, acknowledging what comes, until `n` messages came or 10 s passed: their payloads.
+std::vector<std::string> TakePayloads(Broker& b, std::size_t n) {
+  std::vector<std::string> order;
+  const auto deadline = SteadyClock::now() + 10s;
+  while (order.size() < n && SteadyClock::now() < deadline) {
+    auto got = b.Poll(10, 100ms);
+    if (!got) {
+      ADD_FAILURE() << got.error().ToString();
+      break;
+    }
+    for (const auto& m : *got) order.push_back(m.payload);
+    EXPECT_TRUE(b.Acknowledge(Ptrs(*got)).ok());
+  }
+  return order;
+}
+
+// x0..x5 on one subject, and a Broker (ack_wait 1 s, max_ack_pending 4) that polled x0..x3 and
+// is to be killed: reset without settling them, as a kill leaves them.
+class NatsCrashTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = names_.Config(SharedUrl());
+    config_.ack_wait = 1s;
+    config_.max_ack_pending = 4;
+    publisher_ = OpenPublisher(SharedUrl());
+    first_ = Open(config_);
+    ASSERT_TRUE(first_ && publisher_);
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE(publisher_->Publish(names_.Subject("x"), "x" + std::to_string(i)).has_value());
+    }
+    batch_ = PollN(*first_, 4, 5s);  // max_ack_pending
+    ASSERT_EQ(batch_.size(), 4u);
+  }
+
+  Names names_;
+  NatsConsumerConfig config_;
+  std::unique_ptr<Publisher> publisher_;
+  std::unique_ptr<Broker> first_;
+  std::vector<BrokerMessage> batch_;  // x0..x3
+};
+
 // A consumer killed in the middle of a batch leaves its messages pending with two deadlines:
 // those it had settled (not acknowledged yet) are due ack_wait after the poll, those it was still
 // working on later (it touched them). The settled ones come back first; once the restarted
@@ -408,54 +449,25 @@ TEST(NatsBrokerTest, NewerMessagesOfAHandedBackSubjectWaitForTheHandedBackOnes) 
 // messages out before the unsettled ones are due (ConsumeE2eTest/nats once charged 17 before
 // 11 this way). The restarted Broker holds what is newer than everything pending at its start
 // until all of that is back.
-TEST(NatsBrokerTest, AfterARestartNewerMessagesWaitForWhatWasPendingBefore) {
-  Names n;
-  auto c = n.Config(SharedUrl());
-  c.ack_wait = 1s;
-  c.max_ack_pending = 4;
-  auto p = OpenPublisher(SharedUrl());
-  auto killed = Open(c);
-  ASSERT_TRUE(killed && p);
-  for (int i = 0; i < 6; ++i)
-    ASSERT_TRUE(p->Publish(n.Subject("x"), "x" + std::to_string(i)).has_value());
-  const auto batch = PollN(*killed, 4, 5s);  // x0..x3: max_ack_pending
-  ASSERT_EQ(batch.size(), 4u);
+TEST_F(NatsCrashTest, AfterARestartNewerMessagesWaitForWhatWasPendingBefore) {
   std::this_thread::sleep_for(500ms);
-  ASSERT_TRUE(killed->Touch(Ptrs(std::span(batch).subspan(2))).ok());  // x2, x3: still open
-  killed.reset();  // no acks, no naks: as a kill leaves them
+  ASSERT_TRUE(first_->Touch(Ptrs(std::span(batch_).subspan(2))).ok());  // x2, x3: still open
+  first_.reset();
 
-  auto restarted = Open(c);
+  auto restarted = Open(config_);
   ASSERT_TRUE(restarted);
-  std::vector<std::string> order;
-  const auto deadline = SteadyClock::now() + 10s;
-  while (order.size() < 6 && SteadyClock::now() < deadline) {
-    auto got = restarted->Poll(10, 100ms);
-    ASSERT_TRUE(got) << got.error().ToString();
-    for (const auto& m : *got) order.push_back(m.payload);
-    ASSERT_TRUE(restarted->Acknowledge(Ptrs(*got)).ok());
-  }
-  EXPECT_EQ(order, (std::vector<std::string>{"x0", "x1", "x2", "x3", "x4", "x5"}));
+  EXPECT_EQ(TakePayloads(*restarted, 6),
+            (std::vector<std::string>{"x0", "x1", "x2", "x3", "x4", "x5"}));
 }
 
 // A Broker killed during its restart hold leaves the newer messages it NAKed pending too, due
 // long before the older ones it was waiting for. The next Broker gathers everything pending
 // at its start and hands it out in stream order.
-TEST(NatsBrokerTest, AfterTwoCrashesInARowTheOrderStillHolds) {
-  Names n;
-  auto c = n.Config(SharedUrl());
-  c.ack_wait = 1s;
-  c.max_ack_pending = 4;
-  auto p = OpenPublisher(SharedUrl());
-  auto first = Open(c);
-  ASSERT_TRUE(first && p);
-  for (int i = 0; i < 6; ++i)
-    ASSERT_TRUE(p->Publish(n.Subject("x"), "x" + std::to_string(i)).has_value());
-  const auto batch = PollN(*first, 4, 5s);  // x0..x3
-  ASSERT_EQ(batch.size(), 4u);
-  ASSERT_TRUE(first->Acknowledge(Ptrs(std::span(batch).first(2))).ok());
-  first.reset();  // x2, x3 pending, due a second after the poll
+TEST_F(NatsCrashTest, AfterTwoCrashesInARowTheOrderStillHolds) {
+  ASSERT_TRUE(first_->Acknowledge(Ptrs(std::span(batch_).first(2))).ok());
+  first_.reset();  // x2, x3 pending, due a second after the poll
 
-  auto second = Open(c);  // gets x4 and x5 (room for two), and NAKs them for 100 ms
+  auto second = Open(config_);  // gets x4 and x5 (room for two), and NAKs them for 100 ms
   ASSERT_TRUE(second);
   for (int i = 0; i < 3; ++i) {
     auto got = second->Poll(10, 100ms);
@@ -464,17 +476,9 @@ TEST(NatsBrokerTest, AfterTwoCrashesInARowTheOrderStillHolds) {
   }
   second.reset();
 
-  auto third = Open(c);
+  auto third = Open(config_);
   ASSERT_TRUE(third);
-  std::vector<std::string> order;
-  const auto deadline = SteadyClock::now() + 10s;
-  while (order.size() < 4 && SteadyClock::now() < deadline) {
-    auto got = third->Poll(10, 100ms);
-    ASSERT_TRUE(got) << got.error().ToString();
-    for (const auto& m : *got) order.push_back(m.payload);
-    ASSERT_TRUE(third->Acknowledge(Ptrs(*got)).ok());
-  }
-  EXPECT_EQ(order, (std::vector<std::string>{"x2", "x3", "x4", "x5"}));
+  EXPECT_EQ(TakePayloads(*third, 4), (std::vector<std::string>{"x2", "x3", "x4", "x5"}));
 }
 
 // What was pending at the start may never come back to this Broker (another consumer of the
