@@ -841,7 +841,11 @@ TEST_P(PipelinedConsumerTest, TheLogStoreSyncsOncePerBatch) {
     while (broker_.Queued() > 0 && rounds++ < 100) ASSERT_TRUE(consumer.RunOnce().has_value());
     EXPECT_EQ(rounds, kBatches);
     EXPECT_TRUE(consumer.Flush().ok());
-    EXPECT_LE(fs.syncs() - syncs, static_cast<std::uint64_t>(kBatches + 1));
+    // One a batch and one for the last completions; up to two more when the log writer's
+    // flusher, still awake from a sync, takes a batch's first records before the rest are in
+    // and splits it over two group commits (a TSan CI run saw 10). Begins and completions
+    // apart would cost 2 * kBatches.
+    EXPECT_LE(fs.syncs() - syncs, static_cast<std::uint64_t>(kBatches + 3));
   }
   EXPECT_EQ(runs_.size(), static_cast<std::size_t>(kBatches * 16));
   EXPECT_EQ(broker_.Acknowledged().size(), static_cast<std::size_t>(kBatches * 16));
