@@ -299,7 +299,6 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
   if (!has_scope) c.scope = c.name;
   if (c.broker == BrokerKind::kNats && c.dlq_stream.empty()) c.dlq_stream = c.stream + "_DLQ";
   if (c.consumer_name.empty()) c.consumer_name = c.name;
-  if (!c.pipeline) c.pipeline = true;
   config.consumers.push_back(std::move(c));
   return OkStatus();
 }

@@ -76,10 +76,9 @@ struct ConsumerConfig {
   std::chrono::milliseconds backoff{100};
   std::chrono::milliseconds max_backoff{10'000};
   std::chrono::milliseconds busy_timeout{0};  // 0: lease + 1 s
-  // Overlap a batch's completion with the next batch's poll and begin. Default: on for Kafka
-  // and Redis, off for NATS (ParseConsumeConfig fills it in): JetStream hands a restarted
-  // consumer new messages before the ones it had out unless max_ack_pending is one batch.
-  std::optional<bool> pipeline{};
+  // Overlap a batch's completion with the next batch's poll and begin (every broker; the NATS
+  // adapter orders what a crash left pending, docs/nats.md).
+  bool pipeline = true;
 };
 
 struct ConsumeConfig {

@@ -115,7 +115,7 @@ Result<std::unique_ptr<Broker>> OpenBroker(const ConsumerConfig& c) {
       // pipelined (one completing, one begun, one just polled). After a crash the restarted
       // adapter gathers them and hands them out in stream order before anything newer
       // (docs/nats.md), so each subject's order of effects holds across restarts.
-      n.max_ack_pending = static_cast<int>(c.batch * (c.pipeline.value_or(false) ? 3 : 1));
+      n.max_ack_pending = static_cast<int>(c.batch * (c.pipeline ? 3 : 1));
       n.connection_name = "idemd-" + c.name;
       return nats::OpenNatsConsumer(n);
     }
@@ -146,7 +146,7 @@ ConsumerOptions CoreOptions(const ConsumerConfig& c, Registry* registry) {
   o.backoff = c.backoff;
   o.max_backoff = c.max_backoff;
   o.busy_timeout = c.busy_timeout;
-  o.pipeline = c.pipeline.value_or(false);
+  o.pipeline = c.pipeline;
   o.registry = registry;
   return o;
 }

@@ -31,6 +31,7 @@ struct PubAckCloser {
   void operator()(jsPubAck* a) const { jsPubAck_Destroy(a); }
 };
 using SubscriptionPtr = std::unique_ptr<natsSubscription, SubscriptionCloser>;
+using ConsumerInfoPtr = std::unique_ptr<jsConsumerInfo, ConsumerInfoCloser>;
 
 // The name an original's Nats-* header gets on its dead letter: Idem-Original-Nats-Msg-Id.
 constexpr std::string_view kOriginalHeaderPrefix = "Idem-Original-";
@@ -183,8 +184,9 @@ class NatsBroker final : public Broker {
     auto stream_subjects = StreamSubjects(js(), config_.stream);
     if (!stream_subjects) return stream_subjects.error();
     IDEM_RETURN_IF_ERROR(ChooseFilter(*stream_subjects));
-    IDEM_RETURN_IF_ERROR(EnsureConsumer());
-    IDEM_RETURN_IF_ERROR(HoldForWhatIsPending());
+    ConsumerInfoPtr info;
+    IDEM_RETURN_IF_ERROR(EnsureConsumer(&info));
+    if (info != nullptr) HoldForWhatIsPending(*info);
     return Subscribe();
   }
 
@@ -432,21 +434,13 @@ class NatsBroker final : public Broker {
     SteadyClock::time_point until;               // the hold is given up
   };
 
-  Status HoldForWhatIsPending() {
-    jsConsumerInfo* raw = nullptr;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
-                                            config_.durable.c_str(), nullptr, &jerr);
-    std::unique_ptr<jsConsumerInfo, ConsumerInfoCloser> info(raw);
-    if (s != NATS_OK || info == nullptr) {
-      return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
-    }
-    if (info->NumAckPending <= 0) return OkStatus();
+  // `info`: the durable's, as EnsureConsumer found (or made) it at the start.
+  void HoldForWhatIsPending(const jsConsumerInfo& info) {
+    if (info.NumAckPending <= 0) return;
     restart_hold_.emplace();
-    restart_hold_->last_delivered = info->Delivered.Stream;
-    restart_hold_->pending = static_cast<std::size_t>(info->NumAckPending);
+    restart_hold_->last_delivered = info.Delivered.Stream;
+    restart_hold_->pending = static_cast<std::size_t>(info.NumAckPending);
     restart_hold_->until = SteadyClock::now() + config_.ack_wait + kHoldGrace;
-    return OkStatus();
   }
 
   // Message `seq` of `m.partition` arrived during the restart hold: gathered when it was
@@ -566,7 +560,9 @@ class NatsBroker final : public Broker {
     return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
   }
 
-  Status EnsureConsumer() {
+  // Creates the durable, or updates it to this config; `info`, when given, gets its info as the
+  // server answered (its state included).
+  Status EnsureConsumer(ConsumerInfoPtr* info_out = nullptr) {
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = config_.durable.c_str();
@@ -579,7 +575,7 @@ class NatsBroker final : public Broker {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(), config_.durable.c_str(),
                                       nullptr, &jerr);
-    std::unique_ptr<jsConsumerInfo, ConsumerInfoCloser> info(raw);
+    ConsumerInfoPtr info(raw);
     const bool exists = s == NATS_OK;
     if (!exists && s != NATS_NOT_FOUND && jerr != JSConsumerNotFoundErr) {
       return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
@@ -589,7 +585,10 @@ class NatsBroker final : public Broker {
     s = exists ? js_UpdateConsumer(&raw, js(), config_.stream.c_str(), &cc, nullptr, &jerr)
                : js_AddConsumer(&raw, js(), config_.stream.c_str(), &cc, nullptr, &jerr);
     info.reset(raw);
-    if (s == NATS_OK) return OkStatus();
+    if (s == NATS_OK) {
+      if (info_out != nullptr) *info_out = std::move(info);
+      return OkStatus();
+    }
     const std::string what = std::string("nats: ") + (exists ? "update" : "create") +
                              " consumer '" + config_.durable + "' on stream '" + config_.stream +
                              "'";
