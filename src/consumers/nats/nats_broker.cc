@@ -201,9 +201,13 @@ class NatsBroker final : public Broker {
     // reach the server later as a stale request: say so at once instead.
     if (!Connected()) return UnavailableError("nats: not connected to " + shown_url_);
     Sweep();
-    if (restart_hold_ && SteadyClock::now() >= restart_hold_->until) {
-      EndRestartHold();
-      if (!ready_.empty()) return TakeReady(max);
+    if (restart_hold_) {
+      if (SteadyClock::now() >= restart_hold_->until) {
+        EndRestartHold();
+        if (!ready_.empty()) return TakeReady(max);
+      } else {
+        TouchGathered();
+      }
     }
     // Never ask for more than max_ack_pending: the server cannot send more, and a fetch that
     // waits for the rest waits out all of `wait` (measured: 1/10 of the rate).
@@ -427,6 +431,7 @@ class NatsBroker final : public Broker {
     struct Gathered {
       BrokerMessage message;
       MsgPtr msg;
+      SteadyClock::time_point touched;  // arrived, or last sent +WPI
     };
     std::uint64_t last_delivered;  // the newest stream sequence delivered before the start
     std::size_t pending;           // how many messages were pending at the start
@@ -448,7 +453,7 @@ class NatsBroker final : public Broker {
   void HoldForRestart(BrokerMessage m, MsgPtr msg, std::uint64_t seq, SteadyClock::time_point now) {
     RestartHold& h = *restart_hold_;
     if (seq <= h.last_delivered) {
-      h.gathered.insert_or_assign(seq, RestartHold::Gathered{std::move(m), std::move(msg)});
+      h.gathered.insert_or_assign(seq, RestartHold::Gathered{std::move(m), std::move(msg), now});
       if (h.gathered.size() >= h.pending) EndRestartHold();
       return;
     }
@@ -457,6 +462,21 @@ class NatsBroker final : public Broker {
         std::clamp(std::chrono::ceil<milliseconds>(h.until - now), milliseconds(1), step);
     (void)natsMsg_NakWithDelay(msg.get(), delay.count(), nullptr);
     HoldSubject(m.partition, seq, now, delay);
+  }
+
+  // A gathered message may wait longer than its ack_wait for the others: +WPI at half of it, so
+  // that it is not delivered again (a second copy arriving after the hold ended would be
+  // handed out twice).
+  void TouchGathered() {
+    const auto now = SteadyClock::now();
+    bool sent = false;
+    for (auto& [seq, g] : restart_hold_->gathered) {
+      if (now - g.touched < config_.ack_wait / 2) continue;
+      (void)natsMsg_InProgress(g.msg.get(), nullptr);
+      g.touched = now;
+      sent = true;
+    }
+    if (sent) (void)Flush("in-progress");
   }
 
   // Hands out what the hold gathered, in stream order (so each subject's), before anything
