@@ -1,5 +1,5 @@
 // Store: where records live. Every store (memory, log, Redis, PostgreSQL) obeys this contract,
-// and src/stores/store_contract_test.cc runs the same suite against each of them.
+// and src/stores/store_contract_suite.cc runs the same suite against each of them.
 //
 // Contract (SPEC §2):
 // - Every call is atomic per (scope, key): two concurrent Begins for one key never both get

@@ -1,5 +1,7 @@
 // The store contract suite (SPEC §2, §4, §5): one set of parameterised tests that every store
-// must pass. A store joins by adding INSTANTIATE lines to store_contract_test.cc:
+// must pass. The tests are in store_contract_suite.cc; a store joins with INSTANTIATE lines in
+// a test binary that links idem_store_contract_suite (store_contract_test.cc for the stores that
+// need no server):
 //
 //   StoreContractTest  every store. Each test writes only under its own scope (Scope()), so
 //                      stores that share one server can run it side by side.

@@ -1,5 +1,5 @@
 // Memory-store specifics: the compact encoding, the reaper, sharding and counters. The
-// generic behaviour is in src/stores/store_contract_test.cc.
+// generic behaviour is in src/stores/store_contract_suite.cc.
 #include "idem/stores/memory.h"
 
 #include <gtest/gtest.h>

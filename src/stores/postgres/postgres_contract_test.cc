@@ -1,4 +1,4 @@
-// The store contract suite (src/stores/store_contract_test.cc) against PostgreSQL, on the
+// The store contract suite (src/stores/store_contract_suite.cc) against PostgreSQL, on the
 // server IDEM_TEST_POSTGRES names: every `make` is a store over a fresh schema, and `reopen` a
 // new store over the schema of the last one.
 #include <chrono>

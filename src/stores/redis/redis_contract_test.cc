@@ -1,4 +1,4 @@
-// The store contract suite (src/stores/store_contract_test.cc) against the shared Redis
+// The store contract suite (src/stores/store_contract_suite.cc) against the shared Redis
 // servers that scripts/servers.sh starts: one node (IDEM_TEST_REDIS) and a cluster
 // (IDEM_TEST_REDIS_CLUSTER). Each store gets a key prefix of its own, so the counting tests see
 // only their own keys. A missing server is a failure, never a skip.
