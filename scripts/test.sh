@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what it needs, checks formatting, then builds
 # and runs every test under ASan+UBSan and under TSan (warnings are errors), builds the release
-# (benchmarks included) and checks that another CMake project can find_package(idem).
+# (benchmarks and examples, which run, but not the tests again) and checks that another CMake project can find_package(idem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -35,7 +35,7 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 run_suite ci-debug
 run_suite ci-tsan
 
-echo "== build ci-release (benchmarks, example) and package check"
+echo "== build ci-release (library, idemd, CLI, benchmarks, examples; no tests) and package check"
 cmake --preset ci-release >/dev/null
 cmake --build build/ci-release -j "$jobs"
 ctest --test-dir build/ci-release -j "$jobs" --output-on-failure --timeout 600 -R example |
