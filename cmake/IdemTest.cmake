@@ -1,7 +1,9 @@
-# idem_test(NAME SOURCES a.cc b.cc [LIBS x y] [LABELS l] [FILTER pattern]) — a GoogleTest binary
-# registered with ctest test by test (only the tests matching FILTER, when given).
+# idem_test(NAME SOURCES a.cc b.cc [LIBS x y] [LABELS l] [FILTER pattern] [COST n]) — a GoogleTest
+# binary registered with ctest test by test (only the tests matching FILTER, when given). COST
+# makes `ctest -j` start its tests first: give it to tests that take a minute, so that they do
+# not run last, alone, on a fresh machine (where ctest has no timings of its own yet).
 function(idem_test name)
-  cmake_parse_arguments(T "" "FILTER" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "FILTER;COST" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT IDEM_BUILD_TESTS)
     return()
   endif()
@@ -14,5 +16,10 @@ function(idem_test name)
   if(T_FILTER)
     set(filter TEST_FILTER ${T_FILTER})
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 ${filter} PROPERTIES LABELS "${T_LABELS}")
+  set(cost)
+  if(T_COST)
+    set(cost COST ${T_COST})
+  endif()
+  # Only the first label reaches ctest (gtest_discover_tests flattens a list in PROPERTIES).
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 ${filter} PROPERTIES ${cost} LABELS "${T_LABELS}")
 endfunction()
