@@ -236,6 +236,14 @@ class StoreContractTest : public ::testing::TestWithParam<StoreUnderTest> {
   void ExpectAbsent(std::string_view key,
                     std::source_location loc = std::source_location::current());
 
+  // The race tests' core: many threads begin every key at once (each key must be acquired
+  // once, at `attempt`, with a token above `earlier`'s; the rest answer Busy), then complete
+  // every key at once with both the winners' and `earlier`'s tokens (only a winner's applies).
+  // `created`: when the keys' records were first made. Checks the records left.
+  void RaceBeginsThenCompletes(const std::vector<std::string>& keys,
+                               const std::vector<Token>& earlier, std::uint32_t attempt,
+                               Timestamp created);
+
   FakeClock clock_;
   std::unique_ptr<Store> store_;
 

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -128,26 +129,21 @@ TEST_P(StoreContractTest, BeginWithoutFingerprintAcquiresAndStoresNone) {
   ExpectStored("k", Held("k", a, t0));
 }
 
+// After retention the key is new again, whatever fingerprint the old record had.
 TEST_P(StoreContractTest, BeginAfterRetentionAcquiresAttemptOneWithLargerToken) {
-  const Acquired first = Acquire("k", kFpA);
-  Finish("k", first.token, "old", Outcome::kSuccess, 10s);
-  clock_.Advance(10s);
-  const Timestamp t1 = clock_.Now();
-  const Acquired a = ExpectAcquired(store_->Begin(BeginOf("k", kFpA)));
-  EXPECT_EQ(a.attempt, 1u);
-  EXPECT_GT(a.token, first.token);
-  EXPECT_THAT(a.lease_deadline, At(t1 + kLease));
-  ExpectStored("k", Held("k", a, t1, kFpA));
-}
-
-TEST_P(StoreContractTest, BeginAfterRetentionWithOtherFingerprintAcquires) {
-  const Acquired first = Acquire("k", kFpA);
-  Finish("k", first.token, "old", Outcome::kSuccess, 10s);
-  clock_.Advance(10s);
-  const Timestamp t1 = clock_.Now();
-  const Acquired a = ExpectAcquired(store_->Begin(BeginOf("k", kFpB)));
-  EXPECT_EQ(a.attempt, 1u);
-  ExpectStored("k", Held("k", a, t1, kFpB));
+  for (const Fingerprint& fp : {kFpA, kFpB}) {
+    const std::string key = fp == kFpA ? "same-fingerprint" : "other-fingerprint";
+    SCOPED_TRACE(key);
+    const Acquired first = Acquire(key, kFpA);
+    Finish(key, first.token, "old", Outcome::kSuccess, 10s);
+    clock_.Advance(10s);
+    const Timestamp t1 = clock_.Now();
+    const Acquired a = ExpectAcquired(store_->Begin(BeginOf(key, fp)));
+    EXPECT_EQ(a.attempt, 1u);
+    EXPECT_GT(a.token, first.token);
+    EXPECT_THAT(a.lease_deadline, At(t1 + kLease));
+    ExpectStored(key, Held(key, a, t1, fp));
+  }
 }
 
 TEST_P(StoreContractTest, BusyWhileLeaseRunsWithSameFingerprint) {
@@ -239,31 +235,24 @@ TEST_P(StoreContractTest, ReplayWithSameFingerprint) {
   ExpectStored("k", Completed(Held("k", a, t0, kFpA), tc, "response"));
 }
 
-TEST_P(StoreContractTest, ReplayWithoutFingerprints) {
-  const Timestamp t0 = clock_.Now();
-  const Acquired a = Acquire("k");
-  Finish("k", a.token, "response");
-  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("k"))),
-              ReplayIs(Replay{Outcome::kSuccess, "response", 1}));
-  ExpectStored("k", Completed(Held("k", a, t0), t0, "response"));
-}
-
-TEST_P(StoreContractTest, ReplayWhenOnlyStoredRecordHasFingerprint) {
-  const Timestamp t0 = clock_.Now();
-  const Acquired a = Acquire("k", kFpA);
-  Finish("k", a.token, "response");
-  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("k"))),
-              ReplayIs(Replay{Outcome::kSuccess, "response", 1}));
-  ExpectStored("k", Completed(Held("k", a, t0, kFpA), t0, "response"));
-}
-
-TEST_P(StoreContractTest, ReplayWhenOnlyRequestHasFingerprint) {
-  const Timestamp t0 = clock_.Now();
-  const Acquired a = Acquire("k");
-  Finish("k", a.token, "response");
-  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("k", kFpB))),
-              ReplayIs(Replay{Outcome::kSuccess, "response", 1}));
-  ExpectStored("k", Completed(Held("k", a, t0), t0, "response"));
+// Fingerprints are compared only when both the stored record and the request have one.
+TEST_P(StoreContractTest, ReplayWhenEitherSideHasNoFingerprint) {
+  struct Case {
+    std::string key;
+    std::optional<Fingerprint> stored, request;
+  };
+  const Case cases[] = {{"neither", std::nullopt, std::nullopt},
+                        {"only-stored", kFpA, std::nullopt},
+                        {"only-request", std::nullopt, kFpB}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    const Timestamp t0 = clock_.Now();
+    const Acquired a = Acquire(c.key, c.stored);
+    Finish(c.key, a.token, "response");
+    EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf(c.key, c.request))),
+                ReplayIs(Replay{Outcome::kSuccess, "response", 1}));
+    ExpectStored(c.key, Completed(Held(c.key, a, t0, c.stored), t0, "response"));
+  }
 }
 
 TEST_P(StoreContractTest, ConflictWhileInProgress) {
@@ -303,33 +292,19 @@ TEST_P(StoreContractTest, FailureOutcomeReplaysAsFailure) {
 
 // ==== complete ================================================================================
 
-TEST_P(StoreContractTest, CompleteStoresBinaryResponse) {
-  const std::string bytes = BinaryBytes();
-  const Timestamp t0 = clock_.Now();
-  const Acquired a = Acquire("k");
-  EXPECT_THAT(store_->Complete(CompleteOf("k", a.token, bytes)), IsApplied());
-  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("k"))),
-              ReplayIs(Replay{Outcome::kSuccess, bytes, 1}));
-  ExpectStored("k", Completed(Held("k", a, t0), t0, bytes));
-}
-
-TEST_P(StoreContractTest, CompleteStoresEmptyResponse) {
-  const Timestamp t0 = clock_.Now();
-  const Acquired a = Acquire("k");
-  EXPECT_THAT(store_->Complete(CompleteOf("k", a.token, "")), IsApplied());
-  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("k"))),
-              ReplayIs(Replay{Outcome::kSuccess, "", 1}));
-  ExpectStored("k", Completed(Held("k", a, t0), t0, ""));
-}
-
-TEST_P(StoreContractTest, CompleteStoresOneMebibyteResponse) {
-  const std::string bytes = MebibyteBytes();
-  const Timestamp t0 = clock_.Now();
-  const Acquired a = Acquire("k");
-  EXPECT_THAT(store_->Complete(CompleteOf("k", a.token, bytes)), IsApplied());
-  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("k"))),
-              ReplayIs(Replay{Outcome::kSuccess, bytes, 1}));
-  ExpectStored("k", Completed(Held("k", a, t0), t0, bytes));
+// Binary (every byte value), empty and 1 MiB responses come back byte for byte.
+TEST_P(StoreContractTest, CompleteStoresAnyResponseBytes) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"binary", BinaryBytes()}, {"empty", ""}, {"mebibyte", MebibyteBytes()}};
+  for (const auto& [key, bytes] : cases) {
+    SCOPED_TRACE(key);
+    const Timestamp t0 = clock_.Now();
+    const Acquired a = Acquire(key);
+    EXPECT_THAT(store_->Complete(CompleteOf(key, a.token, bytes)), IsApplied());
+    EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf(key))),
+                ReplayIs(Replay{Outcome::kSuccess, bytes, 1}));
+    ExpectStored(key, Completed(Held(key, a, t0), t0, bytes));
+  }
 }
 
 TEST_P(StoreContractTest, CompleteWithWrongTokenIsLeaseLostAndChangesNothing) {
@@ -1685,6 +1660,36 @@ std::vector<int> RaceCompletes(Store& store, const std::string& scope,
   return out;
 }
 
+}  // namespace
+
+void StoreContractTest::RaceBeginsThenCompletes(const std::vector<std::string>& keys,
+                                                const std::vector<Token>& earlier,
+                                                std::uint32_t attempt, Timestamp created) {
+  const Timestamp now = clock_.Now();
+  Problems begin_problems;
+  const std::vector<Acquired> winners =
+      Winners(RaceBegins(*store_, Scope(), keys, 1h), keys.size(), now + 1h, begin_problems);
+  EXPECT_TRUE(begin_problems.empty()) << begin_problems.Report();
+  std::vector<Token> current;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(winners[i].attempt, attempt);
+    EXPECT_GT(winners[i].token, earlier[i]);
+    current.push_back(winners[i].token);
+  }
+
+  Problems complete_problems;
+  const std::vector<int> by =
+      RaceCompletes(*store_, Scope(), keys, earlier, current, complete_problems);
+  EXPECT_TRUE(complete_problems.empty()) << complete_problems.Report();
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (by[i] < 0) continue;
+    ExpectStored(keys[i], Completed(Held(keys[i], winners[i], created), now, std::to_string(by[i]),
+                                    Outcome::kSuccess, kRaceRetention));
+  }
+}
+
+namespace {
+
 TEST_P(StoreContractTest, ConcurrentBeginsAcquireEachKeyOnce) {
   const std::vector<std::string> keys = RaceKeys();
   // A real stale token for every key: an earlier acquisition, released.
@@ -1694,28 +1699,7 @@ TEST_P(StoreContractTest, ConcurrentBeginsAcquireEachKeyOnce) {
     stale.push_back(a.token);
     ASSERT_THAT(store_->Release(Scope(), key, a.token), IsApplied());
   }
-  const Timestamp t0 = clock_.Now();
-
-  Problems begin_problems;
-  const std::vector<Acquired> winners =
-      Winners(RaceBegins(*store_, Scope(), keys, 1h), keys.size(), t0 + 1h, begin_problems);
-  EXPECT_TRUE(begin_problems.empty()) << begin_problems.Report();
-  std::vector<Token> current;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_EQ(winners[i].attempt, 1u);
-    EXPECT_GT(winners[i].token, stale[i]);
-    current.push_back(winners[i].token);
-  }
-
-  Problems complete_problems;
-  const std::vector<int> by =
-      RaceCompletes(*store_, Scope(), keys, stale, current, complete_problems);
-  EXPECT_TRUE(complete_problems.empty()) << complete_problems.Report();
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (by[i] < 0) continue;
-    ExpectStored(keys[i], Completed(Held(keys[i], winners[i], t0), t0, std::to_string(by[i]),
-                                    Outcome::kSuccess, kRaceRetention));
-  }
+  RaceBeginsThenCompletes(keys, stale, 1, clock_.Now());
 }
 
 TEST_P(StoreContractTest, ConcurrentTakeoversAcquireEachKeyOnce) {
@@ -1724,29 +1708,8 @@ TEST_P(StoreContractTest, ConcurrentTakeoversAcquireEachKeyOnce) {
   std::vector<Token> first;
   for (const std::string& key : keys) first.push_back(Acquire(key, std::nullopt, 1s).token);
   clock_.Advance(1s);  // every lease is over
-  const Timestamp t1 = clock_.Now();
-
-  Problems begin_problems;
-  const std::vector<Acquired> winners =
-      Winners(RaceBegins(*store_, Scope(), keys, 1h), keys.size(), t1 + 1h, begin_problems);
-  EXPECT_TRUE(begin_problems.empty()) << begin_problems.Report();
-  std::vector<Token> current;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_EQ(winners[i].attempt, 2u);
-    EXPECT_GT(winners[i].token, first[i]);
-    current.push_back(winners[i].token);
-  }
-
-  // The first workers race the new ones: only the new tokens win.
-  Problems complete_problems;
-  const std::vector<int> by =
-      RaceCompletes(*store_, Scope(), keys, first, current, complete_problems);
-  EXPECT_TRUE(complete_problems.empty()) << complete_problems.Report();
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (by[i] < 0) continue;
-    ExpectStored(keys[i], Completed(Held(keys[i], winners[i], t0), t1, std::to_string(by[i]),
-                                    Outcome::kSuccess, kRaceRetention));
-  }
+  // The first holders race the new ones to complete: only the new tokens win.
+  RaceBeginsThenCompletes(keys, first, 2, t0);
 }
 
 TEST_P(StoreContractTest, ConcurrentSequencedBeginsAcquireEachNumberOnce) {
