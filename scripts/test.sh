@@ -47,7 +47,8 @@ cmake -S tests/package -B "$prefix/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$pref
 cmake --build "$prefix/consumer" >/dev/null
 "$prefix/consumer/idem_consumer"
 echo "== all suites passed"
-# One closing line over every ctest run above (ASan+UBSan, TSan, release examples).
+# One closing line over every ctest run above (ASan+UBSan, TSan, release examples). A ctest test
+# is one GoogleTest test, or a whole binary of quick ones (idem_test's WHOLE).
 total=$(sed -n 's/.*tests passed, 0 tests failed out of \([0-9]*\).*/\1/p' "$summary" |
   awk '{ n += $1 } END { print n }')
-echo "${total} passed, 0 failed"
+echo "${total} ctest tests passed, 0 failed"
