@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what it needs, checks formatting, then builds
 # and runs every test under ASan+UBSan and under TSan (warnings are errors), builds the release
-# (benchmarks and examples, which run, but not the tests again) and checks that another CMake project can find_package(idem).
+# (benchmarks and examples, which run, but not the tests again) and checks that another CMake
+# project can find_package(idem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh

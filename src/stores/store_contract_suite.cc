@@ -131,8 +131,9 @@ TEST_P(StoreContractTest, BeginWithoutFingerprintAcquiresAndStoresNone) {
 
 // After retention the key is new again, whatever fingerprint the old record had.
 TEST_P(StoreContractTest, BeginAfterRetentionAcquiresAttemptOneWithLargerToken) {
-  for (const Fingerprint& fp : {kFpA, kFpB}) {
-    const std::string key = fp == kFpA ? "same-fingerprint" : "other-fingerprint";
+  const std::pair<std::string, Fingerprint> cases[] = {{"same-fingerprint", kFpA},
+                                                       {"other-fingerprint", kFpB}};
+  for (const auto& [key, fp] : cases) {
     SCOPED_TRACE(key);
     const Acquired first = Acquire(key, kFpA);
     Finish(key, first.token, "old", Outcome::kSuccess, 10s);

@@ -201,14 +201,11 @@ class NatsBroker final : public Broker {
     // reach the server later as a stale request: say so at once instead.
     if (!Connected()) return UnavailableError("nats: not connected to " + shown_url_);
     Sweep();
-    if (restart_hold_) {
-      if (SteadyClock::now() >= restart_hold_->until) {
-        EndRestartHold();
-        if (!ready_.empty()) return TakeReady(max);
-      } else {
-        TouchGathered();
-      }
+    if (restart_hold_ && SteadyClock::now() >= restart_hold_->until) {
+      EndRestartHold();
+      if (!ready_.empty()) return TakeReady(max);
     }
+    if (restart_hold_) TouchGathered();
     // Never ask for more than max_ack_pending: the server cannot send more, and a fetch that
     // waits for the rest waits out all of `wait` (measured: 1/10 of the rate).
     const int batch = static_cast<int>(
