@@ -48,8 +48,11 @@ struct Change {
 class Journal {
  public:
   virtual ~Journal() = default;
-  // Must not block on I/O: called under a shard lock. Returns a ticket to Wait() on.
-  virtual std::uint64_t Record(const Change& change) = 0;
+  // Must not block on I/O: called under a shard lock. Returns a ticket to Wait() on. Changes
+  // recorded with the same `lane` (the engine passes its shard's number) keep their order on
+  // replay; changes in different lanes may be replayed in either order, so all changes of one
+  // thing (a record, a session and its records, an entity) must go through one lane.
+  virtual std::uint64_t Record(const Change& change, std::uint32_t lane) = 0;
   // The ticket of the newest change recorded (0: none).
   virtual std::uint64_t Last() = 0;
   // Blocks until `ticket` is durable. Non-ok: the answer must not be given (fail closed).

@@ -86,11 +86,11 @@ class BatchBuilder {
   explicit BatchBuilder(std::uint64_t salt) : salt_(salt) { Clear(); }
   void Clear();
   void Add(std::uint8_t type, std::string_view payload);
-  // Adds a frame SealFrame made (with this builder's salt): a copy, so that a writer can
-  // encode and checksum outside its lock.
-  void AddSealed(std::string_view frame) {
-    buf_.append(frame);
-    ++count_;
+  // Adds `count` frames SealFrame made (with this builder's salt), one after the other in
+  // `frames`: a copy, so that a writer can encode and checksum outside its lock.
+  void AddSealed(std::string_view frames, std::uint32_t count) {
+    buf_.append(frames);
+    count_ += count;
   }
   // The whole batch with its header filled in for `seq`; with `synced_through`, ended by a sync
   // mark saying every byte of the file before that offset is on disk. Once per batch: Clear()

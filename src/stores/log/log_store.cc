@@ -31,8 +31,8 @@ using memory_internal::Engine;
 class LogJournal final : public core::Journal {
  public:
   void Attach(LogWriter* w) { writer_ = w; }
-  std::uint64_t Record(const core::Change& c) override {
-    return writer_ != nullptr ? writer_->Append(c) : 0;
+  std::uint64_t Record(const core::Change& c, std::uint32_t lane) override {
+    return writer_ != nullptr ? writer_->Append(c, lane) : 0;
   }
   std::uint64_t Last() override { return writer_ != nullptr ? writer_->LastTicket() : 0; }
   Status Wait(std::uint64_t ticket) override {

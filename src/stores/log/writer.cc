@@ -30,12 +30,10 @@ void FutexWakeAll(std::atomic<std::uint32_t>& word) {
 // WritableFile::Reserve): an fdatasync of a batch then costs one write, not two.
 constexpr std::uint64_t kReserveAhead = std::uint64_t{1} << 20;
 
-// Under sync=none no caller waits for a write, so the flusher lets a batch fill for up to
-// kLinger, or until it holds kLingerBytes, before writing it: one write() and one flusher
-// wake-up per few hundred entries instead of per few. What a crash can lose grows by at most
-// kLinger (docs/log-store.md).
+// Under sync=none no caller waits for a write, so the flusher lets a batch fill for kLinger
+// before writing it: one write() and one flusher wake-up per few hundred entries instead of
+// per few. What a crash can lose grows by at most kLinger (docs/log-store.md).
 constexpr std::chrono::microseconds kLinger{200};
-constexpr std::size_t kLingerBytes = std::size_t{256} << 10;
 
 // A moving average that follows changes within a few batches.
 std::chrono::nanoseconds Average(std::chrono::nanoseconds avg, std::chrono::nanoseconds sample) {
@@ -177,9 +175,9 @@ void LogWriter::ReleaseWakes() {
   work_cv_.notify_one();
 }
 
-std::uint64_t LogWriter::Append(const Entry& e) {
-  // The whole frame, checksum included, is made before taking the lock that every appender
-  // and the flusher share: under it, only a copy.
+std::uint64_t LogWriter::Append(const Entry& e, std::uint32_t lane) {
+  // The whole frame, checksum included, is made before taking the lane's lock: under it, only
+  // a copy.
   thread_local std::string frame;
   frame.assign(kFrameHeaderSize, '\0');
   EncodeEntry(e, &frame);
@@ -187,30 +185,63 @@ std::uint64_t LogWriter::Append(const Entry& e) {
   // a frame too long to read back would keep the store from opening.
   IDEM_CHECK(frame.size() - kFrameHeaderSize <= kMaxFrameBytes);
   SealFrame(options_.salt, static_cast<std::uint8_t>(e.type), &frame);
+  Lane& l = lanes_[lane % kLanes];
+  const std::size_t room = options_.max_pending_bytes / kLanes;
+  std::unique_lock<core::SpinLock> lock(l.mu);
+  while (l.count != 0 && l.frames.size() >= room && !failed_flag_.load(std::memory_order_relaxed)) {
+    // Read under the lane's lock: the round that takes these frames counts after it.
+    const std::uint64_t seen = rounds_taken_.load(std::memory_order_acquire);
+    lock.unlock();
+    WaitForRoom(seen);
+    lock.lock();
+  }
+  bool first = false;
+  if (l.count == 0) {
+    const std::uint64_t was =
+        round_.fetch_or(std::uint64_t{1} << (lane % kLanes), std::memory_order_acq_rel);
+    l.ticket = was >> kLanes;
+    first = (was & kLaneMask) == 0;
+  }
+  l.frames.append(frame);
+  ++l.count;
+  const std::uint64_t ticket = l.ticket;
+  lock.unlock();
+  if (first) WakeFlusher();
+  if (options_.sync == SyncMode::kAlways) CountAppended();
+  return ticket;
+}
+
+void LogWriter::WakeFlusher() {
+  if (hold_depth > 0) {
+    wake_owed = true;
+    return;
+  }
+  std::lock_guard lock(mu_);
+  work_cv_.notify_one();
+}
+
+void LogWriter::CountAppended() {
+  const std::uint64_t n = appended_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const std::uint64_t target = back_target_seen_.load(std::memory_order_relaxed);
+  if (target == 0 || n < target) return;
+  std::lock_guard lock(mu_);
+  if (back_target_ == 0 || n < back_target_) return;
+  back_at_ = std::chrono::steady_clock::now();
+  back_target_ = 0;
+  back_target_seen_.store(0, std::memory_order_relaxed);
+  if (gathering_) work_cv_.notify_one();
+}
+
+void LogWriter::WaitForRoom(std::uint64_t rounds_seen) {
   std::unique_lock lock(mu_);
-  while (pending_.size() >= options_.max_pending_bytes && failed_.ok() && !stop_) {
-    space_cv_.wait(lock);
-  }
-  pending_.AddSealed(frame);
-  if (pending_ticket_ == 0) {
-    pending_ticket_ = next_ticket_++;
-    last_ticket_.store(pending_ticket_, std::memory_order_release);
-    if (hold_depth == 0) {
-      work_cv_.notify_one();
-    } else {
-      wake_owed = true;
-    }
-  }
-  if (lingering_ && pending_.size() >= kLingerBytes) {
-    lingering_ = false;
+  if (wake_owed) {
+    // This thread's own held wake may be what the flusher needs to take the lane.
+    wake_owed = false;
     work_cv_.notify_one();
   }
-  if (pending_.count() == back_target_) {
-    back_at_ = std::chrono::steady_clock::now();
-    back_target_ = 0;
-    if (gathering_) work_cv_.notify_one();
-  }
-  return pending_ticket_;
+  space_cv_.wait(lock, [&] {
+    return rounds_taken_.load(std::memory_order_relaxed) != rounds_seen || !failed_.ok() || stop_;
+  });
 }
 
 Status LogWriter::health() const {
@@ -296,7 +327,35 @@ void LogWriter::ExpectCallersBack(std::uint32_t count) {
     back_time_ = Average(back_time_, (back_target_ == 0 ? back_at_ : now) - woke_at_);
   }
   woke_at_ = now;
-  back_target_ = static_cast<std::uint32_t>(pending_.count()) + count;
+  back_target_ = appended_.load(std::memory_order_relaxed) + count;
+  back_target_seen_.store(back_target_, std::memory_order_relaxed);
+}
+
+std::uint64_t LogWriter::TakeRound() {
+  // Only the flusher changes the round's ticket; appenders only set lane bits.
+  const std::uint64_t next = ((round_.load(std::memory_order_relaxed) >> kLanes) + 1) << kLanes;
+  const std::uint64_t was = round_.exchange(next, std::memory_order_acq_rel);
+  taken_lanes_ = was & kLaneMask;
+  for (std::uint32_t i = 0; i < kLanes; ++i) {
+    if ((taken_lanes_ & (std::uint64_t{1} << i)) == 0) continue;
+    Lane& l = lanes_[i];
+    std::lock_guard<core::SpinLock> lane_lock(l.mu);
+    taken_[i].frames.swap(l.frames);
+    taken_[i].count = l.count;
+    l.count = 0;
+  }
+  rounds_taken_.fetch_add(1, std::memory_order_release);
+  space_cv_.notify_all();
+  return was >> kLanes;
+}
+
+void LogWriter::FillBatch() {
+  for (std::uint32_t i = 0; i < kLanes; ++i) {
+    if ((taken_lanes_ & (std::uint64_t{1} << i)) == 0) continue;
+    flushing_.AddSealed(taken_[i].frames, taken_[i].count);
+    taken_[i].frames.clear();
+  }
+  taken_lanes_ = 0;
 }
 
 void LogWriter::Gather(std::unique_lock<std::mutex>& lock) {
@@ -312,12 +371,7 @@ void LogWriter::Gather(std::unique_lock<std::mutex>& lock) {
 }
 
 void LogWriter::Linger(std::unique_lock<std::mutex>& lock) {
-  if (pending_.size() >= kLingerBytes) return;
-  lingering_ = true;
-  work_cv_.wait_for(lock, kLinger, [&] {
-    return stop_ || rotate_wanted_ || !failed_.ok() || pending_.size() >= kLingerBytes;
-  });
-  lingering_ = false;
+  work_cv_.wait_for(lock, kLinger, [&] { return stop_ || rotate_wanted_ || !failed_.ok(); });
 }
 
 void LogWriter::FlusherLoop() {
@@ -326,7 +380,7 @@ void LogWriter::FlusherLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
     auto has_work = [&] {
-      return stop_ || pending_ticket_ != 0 || (!failed_.ok() && !callbacks_.empty()) ||
+      return stop_ || Pending() || (!failed_.ok() && !callbacks_.empty()) ||
              (rotate_wanted_ && durable_.load(std::memory_order_relaxed) >= rotate_after_);
     };
     if (options_.sync == SyncMode::kInterval && dirty_) {
@@ -338,22 +392,19 @@ void LogWriter::FlusherLoop() {
       RunDue(lock);
       if (stop_) return;
       // Nothing more can be written; drop what callers keep appending.
-      pending_.Clear();
-      pending_ticket_ = 0;
+      if (Pending()) TakeRound();
+      FillBatch();
+      flushing_.Clear();
       continue;
     }
     Status s;
-    if (pending_ticket_ != 0 && options_.sync == SyncMode::kAlways && !stop_) Gather(lock);
-    if (pending_ticket_ != 0 && options_.sync == SyncMode::kNone && !stop_) Linger(lock);
-    if (pending_ticket_ != 0) {
-      std::swap(pending_, flushing_);
-      // Entries still expected from the last batch's callers now land in the new pending_.
-      if (back_target_ != 0) back_target_ -= flushing_.count();
-      const std::uint64_t ticket = pending_ticket_;
-      pending_ticket_ = 0;
+    if (Pending() && options_.sync == SyncMode::kAlways && !stop_) Gather(lock);
+    if (Pending() && options_.sync == SyncMode::kNone && !stop_) Linger(lock);
+    if (Pending()) {
+      const std::uint64_t ticket = TakeRound();
       const std::uint64_t seq = next_seq_++;
-      space_cv_.notify_all();
       lock.unlock();
+      FillBatch();
 
       const auto started = std::chrono::steady_clock::now();
       const std::uint32_t count = flushing_.count();
@@ -429,7 +480,7 @@ void LogWriter::FlusherLoop() {
       if (!s.ok()) Fail(s);
       rotate_cv_.notify_all();
     }
-    if (stop_ && pending_ticket_ == 0) {
+    if (stop_ && !Pending()) {
       // Everything appended is durable by now (or the log failed above).
       RunDue(lock, /*everything=*/true);
       if (failed_.ok()) {
@@ -466,7 +517,7 @@ Result<std::uint64_t> LogWriter::Rotate() {
   if (!failed_.ok()) return failed_;
   const std::uint64_t rotations = rotations_;
   rotate_wanted_ = true;
-  rotate_after_ = next_ticket_ - 1;
+  rotate_after_ = LastTicket();
   work_cv_.notify_one();
   rotate_cv_.wait(lock, [&] { return !failed_.ok() || rotations_ != rotations; });
   if (!failed_.ok()) return failed_;

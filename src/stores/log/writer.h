@@ -1,14 +1,17 @@
 // LogWriter: appends entries to the active segment with group commit.
 //
-// Callers Append() (cheap: encodes into the pending batch under a mutex) and get a ticket.
-// One flusher thread takes whatever is pending as one batch, writes it with one write() and,
-// under sync=always, one fdatasync, while the next batch fills up: N concurrent callers share
-// one sync. Waiters sleep on a futex, not on the mutex, so waking a batch's callers does
-// not make them queue for a lock. Under sync=always the flusher measures how long the callers
-// it wakes take to append their next entries; when a sync takes more than twice that, it waits
-// for them before starting the next sync (one big group per sync); otherwise it syncs what is
-// pending at once, and the callers' CPU work overlaps that sync (two smaller groups that
-// alternate). On this machine each choice is the faster one in its regime.
+// Callers Append() (cheap: encodes, then copies the frame into one of kLanes lanes under that
+// lane's spin lock) and get a ticket. One flusher thread takes whatever the lanes hold as one
+// batch (a round), writes it with one write() and, under sync=always, one fdatasync, while the
+// next round fills up: N concurrent callers share one sync. Appenders share no lock: the store
+// passes its shard's number as the lane, so callers on different shards touch different
+// lines, and a lane keeps its entries in order (a batch holds the lanes one after the other).
+// Waiters sleep on a futex, so waking a batch's callers does not make them queue for a lock. Under
+// sync=always the flusher measures how long the callers it wakes take to append their next entries;
+// when a sync takes more than twice that, it waits for them before starting the next sync (one big
+// group per sync); otherwise it syncs what is pending at once, and the callers' CPU work overlaps
+// that sync (two smaller groups that alternate). On this machine each choice is the faster one in
+// its regime.
 //
 // Wait(ticket) returns when the batch holding the ticket is
 //   always:   written and fdatasync'ed;
@@ -25,6 +28,7 @@
 #ifndef IDEM_STORES_LOG_WRITER_H_
 #define IDEM_STORES_LOG_WRITER_H_
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/spin_lock.h"
 #include "idem/stores/log.h"
 #include "stores/log/batch.h"
 #include "stores/log/codec.h"
@@ -49,9 +54,10 @@ using idem::SyncMode;
 struct WriterOptions {
   SyncMode sync = SyncMode::kAlways;
   std::chrono::milliseconds sync_interval{100};
-  std::uint64_t segment_bytes = 64u << 20;    // start a new segment past this size
-  std::size_t max_pending_bytes = 16u << 20;  // Append blocks past this (backpressure)
-  std::uint64_t salt = 0;                     // the store's (batch.h): in new segments' headers
+  std::uint64_t segment_bytes = 64u << 20;  // start a new segment past this size
+  // Append blocks while its lane holds a kLanes-th of this, not yet taken (backpressure).
+  std::size_t max_pending_bytes = 16u << 20;
+  std::uint64_t salt = 0;  // the store's (batch.h): in new segments' headers
 };
 
 class LogWriter {
@@ -64,12 +70,19 @@ class LogWriter {
   // Writes (and syncs, unless sync=none) what is pending, then stops the flusher.
   ~LogWriter();
 
-  // Adds `e` to the pending batch and returns its ticket. Thread-safe; blocks only when
-  // max_pending_bytes are waiting to be written.
-  std::uint64_t Append(const Entry& e);
-  // The ticket of the newest entry appended so far (0: none): a read-only answer waits for it,
-  // so it never reports state that is not yet durable. Lock-free.
-  std::uint64_t LastTicket() const { return last_ticket_.load(std::memory_order_acquire); }
+  // Entries appended in one lane are written in the order they were appended; entries of
+  // different lanes may be written in either order.
+  static constexpr std::uint32_t kLanes = 16;
+
+  // Adds `e` to the pending round in `lane` (taken modulo kLanes) and returns its ticket.
+  // Thread-safe; blocks only when the lane holds max_pending_bytes / kLanes not yet taken.
+  std::uint64_t Append(const Entry& e, std::uint32_t lane);
+  // A ticket no smaller than that of any entry appended so far (0: none): a read-only answer
+  // waits for it, so it never reports state that is not yet durable. Lock-free.
+  std::uint64_t LastTicket() const {
+    const std::uint64_t s = round_.load(std::memory_order_acquire);
+    return (s >> kLanes) - ((s & kLaneMask) == 0 ? 1 : 0);
+  }
   // Blocks until `ticket` is durable per the sync mode, or the log failed.
   Status Wait(std::uint64_t ticket);
   // Wait() without blocking: calls `done` with what Wait(ticket) would return, exactly once,
@@ -132,31 +145,67 @@ class LogWriter {
   void Linger(std::unique_lock<std::mutex>& lock);
   // After batch of `count` entries became durable and its callers were woken (mu_ held).
   void ExpectCallersBack(std::uint32_t count);
+  // Append's slow paths: wake the flusher for a new round (unless this thread holds wakes);
+  // under sync=always, count the entry and tell a gathering flusher when the callers are back;
+  // wait (lane lock not held) until the flusher has taken a round after `rounds_seen`.
+  void WakeFlusher();
+  void CountAppended();
+  void WaitForRoom(std::uint64_t rounds_seen);
+  // Whether a lane holds entries (lock-free).
+  bool Pending() const { return (round_.load(std::memory_order_acquire) & kLaneMask) != 0; }
+  // Starts a new round and swaps what the lanes held out into taken_ (mu_ held). Returns the
+  // ticket of what it took.
+  std::uint64_t TakeRound();
+  // Copies what TakeRound took into flushing_ (flusher, mu_ not needed).
+  void FillBatch();
+
+  static constexpr std::uint64_t kLaneMask = (std::uint64_t{1} << kLanes) - 1;
+  struct alignas(64) Lane {
+    core::SpinLock mu;
+    std::string frames;  // sealed frames, appended in order
+    std::uint32_t count = 0;
+    std::uint64_t ticket = 0;  // of the round its frames go in: set by the first of them
+  };
+  std::array<Lane, kLanes> lanes_;
+  // (ticket of the round being filled) << kLanes | a bit for each lane holding frames. An
+  // appender that makes its lane non-empty sets the lane's bit and reads the round in one
+  // fetch_or; the flusher takes a round by exchanging the word for the next round with no bits
+  // set, then empties the lanes whose bits it took. So an entry's ticket is the round that
+  // writes it.
+  alignas(64) std::atomic<std::uint64_t> round_{std::uint64_t{1} << kLanes};
+  // Rounds taken, for appenders waiting for room (written under mu_).
+  std::atomic<std::uint64_t> rounds_taken_{0};
+  // Under sync=always: entries appended, ever; and the count at which the callers woken last
+  // are all back (0: not expecting them), a copy of back_target_ appenders read without mu_.
+  alignas(64) std::atomic<std::uint64_t> appended_{0};
+  std::atomic<std::uint64_t> back_target_seen_{0};
+  // Owned by the flusher: the lanes' frames TakeRound swapped out, for FillBatch.
+  struct Taken {
+    std::string frames;
+    std::uint32_t count = 0;
+  };
+  std::array<Taken, kLanes> taken_;
+  std::uint64_t taken_lanes_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;   // the flusher waits for work
-  std::condition_variable space_cv_;  // appenders wait for room
+  std::condition_variable space_cv_;  // appenders wait for room (a round taken)
   std::condition_variable rotate_cv_;
   // Waiters of ticket t sleep on the futex done_word_[t & 1], which the flusher bumps after
   // publishing durable_ (so a waiter that read the old word value cannot miss the wake).
   std::atomic<std::uint32_t> done_word_[2] = {0, 0};
-  BatchBuilder pending_{options_.salt};  // guarded by mu_
-  std::vector<Callback> callbacks_;      // WhenDurable's, not yet due; guarded by mu_
-  std::uint64_t pending_ticket_ = 0;     // ticket of the pending batch (0: empty)
-  // Gathering (sync=always). The callers of the last batch are back when pending_ holds
-  // back_target_ entries; Append notes when (back_at_), so the flusher learns how long they
-  // take (back_time_) even when it does not wait for them. Guarded by mu_.
+  std::vector<Callback> callbacks_;  // WhenDurable's, not yet due; guarded by mu_
+  // Gathering (sync=always). The callers of the last batch are back when appended_ reaches
+  // back_target_; Append notes when (back_at_), so the flusher learns how long they take
+  // (back_time_) even when it does not wait for them. Guarded by mu_.
   using SteadyTime = std::chrono::steady_clock::time_point;
-  std::uint32_t back_target_ = 0;  // 0: not expecting anyone
+  std::uint64_t back_target_ = 0;  // 0: not expecting anyone
   SteadyTime woke_at_;
   SteadyTime back_at_;
   bool gathering_ = false;                  // the flusher waits in Gather
-  bool lingering_ = false;                  // the flusher waits in Linger
   std::chrono::nanoseconds back_time_{0};   // flusher: moving average of callers' return time
   std::chrono::nanoseconds flush_time_{0};  // flusher: moving average of write + sync
-  std::uint64_t next_ticket_ = 1;
-  std::atomic<std::uint64_t> last_ticket_{0};
-  std::atomic<std::uint64_t> durable_{0};  // written by the flusher; every ticket <= it is durable
+  std::atomic<std::uint64_t> durable_{0};   // written by the flusher; every ticket <= it is durable
   std::uint64_t next_seq_ = 1;
   bool stop_ = false;
   bool rotate_wanted_ = false;

@@ -23,6 +23,7 @@
 #include "absl/hash/hash.h"
 #include "core/journal.h"
 #include "core/machine.h"
+#include "core/spin_lock.h"
 #include "core/thread_name.h"
 #include "stores/memory/engine.h"
 #include "stores/memory/key_code.h"
@@ -58,37 +59,7 @@ constexpr std::size_t kMaxShards = std::size_t{1} << 16;
 // whatever limit was then in force; recovery accepts any key a store can hold.
 constexpr std::size_t kMaxStoredKeyBytes = std::numeric_limits<std::uint16_t>::max();
 
-// A test-and-test-and-set lock: taking it is one atomic exchange and releasing it a plain
-// store, for critical sections of a few hundred nanoseconds. Waiters back off, then yield.
-class SpinLock {
- public:
-  void lock() {
-    if (!locked_.exchange(true, std::memory_order_acquire)) return;
-    LockSlow();
-  }
-  void unlock() { locked_.store(false, std::memory_order_release); }
-
- private:
-  static void Pause() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-  void LockSlow() {
-    constexpr int kMaxSpins = 64;
-    for (int spins = 1;; spins = std::min(spins * 2, kMaxSpins)) {
-      for (int i = 0; i < spins; ++i) Pause();
-      if (!locked_.load(std::memory_order_relaxed) &&
-          !locked_.exchange(true, std::memory_order_acquire)) {
-        return;
-      }
-      if (spins == kMaxSpins) std::this_thread::yield();
-    }
-  }
-  std::atomic<bool> locked_{false};
-};
+using core::SpinLock;
 
 // Secret per process, so that keys cannot be chosen to collide (absl::Hash does the same).
 struct HashSeeds {
@@ -560,11 +531,12 @@ class MemoryStore final : public memory_internal::Engine {
   std::uint64_t Seen() { return journal_ == nullptr ? 0 : journal_->Last(); }
   std::uint64_t LogRecord(const Shard& sh, const Slot& s, std::string_view scope,
                           std::string_view key);
-  std::uint64_t LogRemoval(core::ChangeType type, std::string_view scope, std::string_view name,
-                           std::uint64_t seq = 0);
-  std::uint64_t LogSession(const Session& s);
-  std::uint64_t LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r);
-  std::uint64_t LogEntity(const Entity& e);
+  std::uint64_t LogRemoval(const Shard& sh, core::ChangeType type, std::string_view scope,
+                           std::string_view name, std::uint64_t seq = 0);
+  std::uint64_t LogSession(const Shard& sh, const Session& s);
+  std::uint64_t LogSeqRecord(const Shard& sh, const Session& s, std::uint64_t seq,
+                             const SeqRecord& r);
+  std::uint64_t LogEntity(const Shard& sh, const Entity& e);
   // Runs `decide` under the shard's lock (it sets the ticket of what it changed or read), then
   // gives its answer once that is durable, waiting outside the lock.
   // One object from `decide` to the caller, never moved (answers are variants with strings).
@@ -785,7 +757,7 @@ Result<WriteAnswer> MemoryStore::Release(std::string_view scope, std::string_vie
     const WriteAnswer a = core::DecideRelease(&current, token, now);
     if (a == WriteAnswer::kApplied) {
       sh.RemoveSlot(arena_, slot_id);
-      ticket = LogRemoval(core::ChangeType::kRecordDelete, scope, key);
+      ticket = LogRemoval(sh, core::ChangeType::kRecordDelete, scope, key);
     }
     return a;
   });
@@ -1007,7 +979,7 @@ Result<bool> MemoryStore::Erase(std::string_view scope, std::string_view key) {
     if (slot_id == kNoSlot) return false;
     const bool live = core::IsLive(sh.Head(sh.slots[slot_id]), now);
     sh.RemoveSlot(arena_, slot_id);
-    ticket = LogRemoval(core::ChangeType::kRecordDelete, scope, key);
+    ticket = LogRemoval(sh, core::ChangeType::kRecordDelete, scope, key);
     return live;
   });
 }
@@ -1113,12 +1085,12 @@ Result<SessionInfo> MemoryStore::OpenSession(const SessionRequest& req) {
       // An expired session registered again starts afresh, as if the reaper had taken it.
       s.records.clear();
       s.head = core::SessionHead();
-      LogRemoval(core::ChangeType::kSessionDelete, s.scope, s.client_id);
+      LogRemoval(sh, core::ChangeType::kSessionDelete, s.scope, s.client_id);
     }
     s.head.window = req.window;
     s.head.ttl = req.ttl;
     s.head.expires = now + req.ttl;
-    ticket = LogSession(s);
+    ticket = LogSession(sh, s);
     return MakeSessionInfo(s);
   });
 }
@@ -1162,7 +1134,7 @@ Result<BeginAnswer> MemoryStore::BeginSequenced(const SequencedBeginRequest& req
     }
     session->head = g.next;
     DropThrough(*session, g.drop_through);
-    ticket = LogSession(*session);
+    ticket = LogSession(sh, *session);
     if (g.gate == core::SessionGate::kStale) return BeginAnswer(Stale{});
 
     const auto rit = session->records.find(req.seq);
@@ -1181,7 +1153,7 @@ Result<BeginAnswer> MemoryStore::BeginSequenced(const SequencedBeginRequest& req
       } else {
         rec->head = d.next;
       }
-      ticket = LogSeqRecord(*session, req.seq, *rec);
+      ticket = LogSeqRecord(sh, *session, req.seq, *rec);
       return ToAnswer(d, {});
     }
     return ToAnswer(d, rec != nullptr ? std::string_view(rec->response) : std::string_view());
@@ -1210,8 +1182,8 @@ Result<WriteAnswer> MemoryStore::CompleteSequenced(const SequencedCompleteReques
       rec->head = d.next;
       rec->response.assign(req.response);
       session.head.expires = now + session.head.ttl;
-      LogSeqRecord(session, req.seq, *rec);
-      ticket = LogSession(session);
+      LogSeqRecord(sh, session, req.seq, *rec);
+      ticket = LogSession(sh, session);
     }
     return d.answer;
   });
@@ -1239,8 +1211,8 @@ Result<WriteAnswer> MemoryStore::ReleaseSequenced(std::string_view scope,
     if (a == WriteAnswer::kApplied) {
       session.records.erase(rit);
       session.head.expires = now + session.head.ttl;
-      LogRemoval(core::ChangeType::kSeqDelete, scope, client_id, seq);
-      ticket = LogSession(session);
+      LogRemoval(sh, core::ChangeType::kSeqDelete, scope, client_id, seq);
+      ticket = LogSession(sh, session);
     }
     return a;
   });
@@ -1266,7 +1238,7 @@ Result<SessionInfo> MemoryStore::Acknowledge(std::string_view scope, std::string
     if (g.gate == core::SessionGate::kUnknown) return UnknownSession(scope, client_id);
     session->head = g.next;
     DropThrough(*session, g.drop_through);
-    ticket = LogSession(*session);
+    ticket = LogSession(sh, *session);
     return MakeSessionInfo(*session);
   });
 }
@@ -1302,7 +1274,7 @@ Result<BeginAnswer> MemoryStore::BeginVersioned(const VersionedBeginRequest& req
           it->second.entity.assign(req.entity);
         }
         it->second.head = d.next;
-        ticket = LogEntity(it->second);
+        ticket = LogEntity(sh, it->second);
         return BeginAnswer(Acquired{d.next.token, d.next.attempt, d.next.lease_deadline});
       case core::VersionKind::kBusy:
         return BeginAnswer(Busy{d.next.lease_deadline});
@@ -1327,7 +1299,7 @@ Result<WriteAnswer> MemoryStore::CompleteVersioned(const VersionedCompleteReques
     ticket = Seen();
     if (w.answer == WriteAnswer::kApplied) {
       it->second.head = w.next;
-      ticket = LogEntity(it->second);
+      ticket = LogEntity(sh, it->second);
     }
     return w.answer;
   });
@@ -1347,7 +1319,7 @@ Result<WriteAnswer> MemoryStore::ReleaseVersioned(std::string_view scope, std::s
     ticket = Seen();
     if (w.answer == WriteAnswer::kApplied) {
       it->second.head = w.next;
-      ticket = LogEntity(it->second);
+      ticket = LogEntity(sh, it->second);
     }
     return w.answer;
   });
@@ -1394,18 +1366,19 @@ std::uint64_t MemoryStore::LogRecord(const Shard& sh, const Slot& s, std::string
   const BlobView blob = sh.Blob(s);
   c.fingerprint = blob.fingerprint;
   c.response = blob.response;
-  return journal_->Record(c);
+  return journal_->Record(c, sh.number);
 }
 
-std::uint64_t MemoryStore::LogRemoval(core::ChangeType type, std::string_view scope,
-                                      std::string_view name, std::uint64_t seq) {
+std::uint64_t MemoryStore::LogRemoval(const Shard& sh, core::ChangeType type,
+                                      std::string_view scope, std::string_view name,
+                                      std::uint64_t seq) {
   if (journal_ == nullptr) return 0;
   core::Change c;
   c.type = type;
   c.scope = scope;
   c.name = name;
   c.seq = seq;
-  return journal_->Record(c);
+  return journal_->Record(c, sh.number);
 }
 
 // Images of a session, one of its records, and an entity: what the journal hears when they
@@ -1440,16 +1413,17 @@ core::Change EntityImage(const Entity& e) {
   return c;
 }
 
-std::uint64_t MemoryStore::LogSession(const Session& s) {
-  return journal_ == nullptr ? 0 : journal_->Record(SessionImage(s));
+std::uint64_t MemoryStore::LogSession(const Shard& sh, const Session& s) {
+  return journal_ == nullptr ? 0 : journal_->Record(SessionImage(s), sh.number);
 }
 
-std::uint64_t MemoryStore::LogSeqRecord(const Session& s, std::uint64_t seq, const SeqRecord& r) {
-  return journal_ == nullptr ? 0 : journal_->Record(SeqRecordImage(s, seq, r));
+std::uint64_t MemoryStore::LogSeqRecord(const Shard& sh, const Session& s, std::uint64_t seq,
+                                        const SeqRecord& r) {
+  return journal_ == nullptr ? 0 : journal_->Record(SeqRecordImage(s, seq, r), sh.number);
 }
 
-std::uint64_t MemoryStore::LogEntity(const Entity& e) {
-  return journal_ == nullptr ? 0 : journal_->Record(EntityImage(e));
+std::uint64_t MemoryStore::LogEntity(const Shard& sh, const Entity& e) {
+  return journal_ == nullptr ? 0 : journal_->Record(EntityImage(e), sh.number);
 }
 
 Status MemoryStore::Apply(const core::Change& c) {
