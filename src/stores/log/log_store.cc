@@ -7,9 +7,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "core/journal.h"
 #include "core/thread_name.h"
@@ -144,6 +146,102 @@ struct Recovered {
 };
 
 constexpr std::size_t kLogStoreShards = 64;
+
+// Replays one file's entries into the engine on two threads: the thread that scans the file
+// reads, checks and decodes, and a helper applies the entries in the order they were handed
+// over (about a quarter and three quarters of a serial replay's time here). An entry's string
+// views point into the file, so Finish() must come before the file goes.
+class PipelinedReplay {
+ public:
+  explicit PipelinedReplay(Engine& engine) : engine_(engine) {
+    helper_ = std::thread([this] {
+      core::NameThisThread("idem-log-open");
+      Run();
+    });
+  }
+  ~PipelinedReplay() { (void)Finish(); }
+  PipelinedReplay(const PipelinedReplay&) = delete;
+  PipelinedReplay& operator=(const PipelinedReplay&) = delete;
+
+  Status Add(const Entry& e) {
+    chunk_.push_back(e);
+    return chunk_.size() < kChunk ? OkStatus() : Hand();
+  }
+  // Hands over what is left and waits until the helper applied it; the first error of either
+  // thread.
+  Status Finish() {
+    if (!helper_.joinable()) return error();
+    Status s = chunk_.empty() ? OkStatus() : Hand();
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    work_cv_.notify_one();
+    helper_.join();
+    return s.ok() ? error() : s;
+  }
+
+ private:
+  static constexpr std::size_t kChunk = 512;
+  static constexpr std::size_t kMaxQueued = 8;
+
+  Status error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  Status Hand() {
+    std::unique_lock lock(mu_);
+    room_cv_.wait(lock, [&] { return queue_.size() < kMaxQueued || !error_.ok(); });
+    if (!error_.ok()) return error_;
+    queue_.push_back(std::move(chunk_));
+    chunk_ = TakeSpare();
+    work_cv_.notify_one();
+    return OkStatus();
+  }
+  std::vector<Entry> TakeSpare() {  // mu_ held
+    std::vector<Entry> v;
+    if (!spare_.empty()) {
+      v = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    v.clear();
+    v.reserve(kChunk);
+    return v;
+  }
+  void Run() {
+    std::vector<Entry> chunk;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        if (!chunk.empty()) spare_.push_back(std::move(chunk));
+        work_cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+        if (queue_.empty()) return;
+        chunk = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      room_cv_.notify_one();
+      for (const Entry& e : chunk) {
+        Status s = engine_.Apply(e);
+        if (s.ok()) continue;
+        std::lock_guard lock(mu_);
+        error_ = std::move(s);
+        room_cv_.notify_all();
+        return;
+      }
+    }
+  }
+
+  Engine& engine_;
+  std::vector<Entry> chunk_;  // the scanning thread's, not yet handed over
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable room_cv_;
+  std::deque<std::vector<Entry>> queue_;   // guarded by mu_
+  std::vector<std::vector<Entry>> spare_;  // guarded by mu_
+  bool done_ = false;                      // guarded by mu_
+  Status error_;                           // guarded by mu_: the helper's
+  std::thread helper_;
+};
 
 class LogStore final : public Store {
  public:
@@ -336,6 +434,7 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
   IDEM_RETURN_IF_ERROR(AdoptOrCheckFileHeader(data, path, salt_));
   *version = FileVersion(data);
   Entry e;
+  PipelinedReplay apply(*engine_);
   auto scan = ScanLog(data, *salt_, is_snapshot ? 0 : *last_seq, [&](const Frame& f) -> Status {
     Status s = DecodeEntry(f.type, f.payload, &e);
     if (!s.ok()) {
@@ -348,9 +447,11 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
         e.type == EntryType::kSeqPut || e.type == EntryType::kEntityPut) {
       *max_token = std::max(*max_token, token);
     }
-    return engine_->Apply(e);
+    return apply.Add(e);
   });
+  const Status applied = apply.Finish();
   if (!scan) return scan.error();
+  IDEM_RETURN_IF_ERROR(applied);
   using End = ScanResult::End;
   if (scan->end == End::kDamaged || (scan->end == End::kTornTail && (!is_last || is_snapshot))) {
     return DataLossError(path + " offset " + std::to_string(scan->damage_offset) + ": " +
