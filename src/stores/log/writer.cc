@@ -222,13 +222,15 @@ void LogWriter::WakeFlusher() {
 
 void LogWriter::CountAppended() {
   const std::uint64_t n = appended_.fetch_add(1, std::memory_order_relaxed) + 1;
-  const std::uint64_t target = back_target_seen_.load(std::memory_order_relaxed);
-  if (target == 0 || n < target) return;
+  auto reached = [&] {
+    const std::uint64_t target = back_target_.load(std::memory_order_relaxed);
+    return target != 0 && n >= target;
+  };
+  if (!reached()) return;
   std::lock_guard lock(mu_);
-  if (back_target_ == 0 || n < back_target_) return;
+  if (!reached()) return;
   back_at_ = std::chrono::steady_clock::now();
-  back_target_ = 0;
-  back_target_seen_.store(0, std::memory_order_relaxed);
+  back_target_.store(0, std::memory_order_relaxed);
   if (gathering_) work_cv_.notify_one();
 }
 
@@ -327,8 +329,7 @@ void LogWriter::ExpectCallersBack(std::uint32_t count) {
     back_time_ = Average(back_time_, (back_target_ == 0 ? back_at_ : now) - woke_at_);
   }
   woke_at_ = now;
-  back_target_ = appended_.load(std::memory_order_relaxed) + count;
-  back_target_seen_.store(back_target_, std::memory_order_relaxed);
+  back_target_.store(appended_.load(std::memory_order_relaxed) + count, std::memory_order_relaxed);
 }
 
 std::uint64_t LogWriter::TakeRound() {

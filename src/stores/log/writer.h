@@ -176,9 +176,10 @@ class LogWriter {
   // Rounds taken, for appenders waiting for room (written under mu_).
   std::atomic<std::uint64_t> rounds_taken_{0};
   // Under sync=always: entries appended, ever; and the count at which the callers woken last
-  // are all back (0: not expecting them), a copy of back_target_ appenders read without mu_.
+  // are all back (0: not expecting them). back_target_ is written under mu_; appenders read it
+  // without mu_ first, so only the one that reaches it takes the lock.
   alignas(64) std::atomic<std::uint64_t> appended_{0};
-  std::atomic<std::uint64_t> back_target_seen_{0};
+  std::atomic<std::uint64_t> back_target_{0};
   // Owned by the flusher: the lanes' frames TakeRound swapped out, for FillBatch.
   struct Taken {
     std::string frames;
@@ -199,7 +200,6 @@ class LogWriter {
   // back_target_; Append notes when (back_at_), so the flusher learns how long they take
   // (back_time_) even when it does not wait for them. Guarded by mu_.
   using SteadyTime = std::chrono::steady_clock::time_point;
-  std::uint64_t back_target_ = 0;  // 0: not expecting anyone
   SteadyTime woke_at_;
   SteadyTime back_at_;
   bool gathering_ = false;                  // the flusher waits in Gather

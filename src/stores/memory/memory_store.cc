@@ -529,6 +529,10 @@ class MemoryStore final : public memory_internal::Engine {
   Status Healthy() { return journal_ == nullptr ? OkStatus() : journal_->health(); }
   // The rest run under the shard lock and return the ticket to wait on.
   std::uint64_t Seen() { return journal_ == nullptr ? 0 : journal_->Last(); }
+  // Every change of a shard goes to the journal in the shard's lane, which keeps their order.
+  std::uint64_t Log(const Shard& sh, const core::Change& c) {
+    return journal_ == nullptr ? 0 : journal_->Record(c, sh.number);
+  }
   std::uint64_t LogRecord(const Shard& sh, const Slot& s, std::string_view scope,
                           std::string_view key);
   std::uint64_t LogRemoval(const Shard& sh, core::ChangeType type, std::string_view scope,
@@ -1366,7 +1370,7 @@ std::uint64_t MemoryStore::LogRecord(const Shard& sh, const Slot& s, std::string
   const BlobView blob = sh.Blob(s);
   c.fingerprint = blob.fingerprint;
   c.response = blob.response;
-  return journal_->Record(c, sh.number);
+  return Log(sh, c);
 }
 
 std::uint64_t MemoryStore::LogRemoval(const Shard& sh, core::ChangeType type,
@@ -1378,7 +1382,7 @@ std::uint64_t MemoryStore::LogRemoval(const Shard& sh, core::ChangeType type,
   c.scope = scope;
   c.name = name;
   c.seq = seq;
-  return journal_->Record(c, sh.number);
+  return Log(sh, c);
 }
 
 // Images of a session, one of its records, and an entity: what the journal hears when they
@@ -1414,16 +1418,16 @@ core::Change EntityImage(const Entity& e) {
 }
 
 std::uint64_t MemoryStore::LogSession(const Shard& sh, const Session& s) {
-  return journal_ == nullptr ? 0 : journal_->Record(SessionImage(s), sh.number);
+  return Log(sh, SessionImage(s));
 }
 
 std::uint64_t MemoryStore::LogSeqRecord(const Shard& sh, const Session& s, std::uint64_t seq,
                                         const SeqRecord& r) {
-  return journal_ == nullptr ? 0 : journal_->Record(SeqRecordImage(s, seq, r), sh.number);
+  return Log(sh, SeqRecordImage(s, seq, r));
 }
 
 std::uint64_t MemoryStore::LogEntity(const Shard& sh, const Entity& e) {
-  return journal_ == nullptr ? 0 : journal_->Record(EntityImage(e), sh.number);
+  return Log(sh, EntityImage(e));
 }
 
 Status MemoryStore::Apply(const core::Change& c) {
