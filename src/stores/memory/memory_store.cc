@@ -25,6 +25,7 @@
 #include "core/machine.h"
 #include "core/spin_lock.h"
 #include "core/thread_name.h"
+#include "stores/memory/blob_pool.h"
 #include "stores/memory/engine.h"
 #include "stores/memory/key_code.h"
 #include "stores/memory/slot_index.h"
@@ -33,6 +34,8 @@
 namespace idem {
 namespace {
 
+using memory_internal::BlobArena;
+using memory_internal::BlobPool;
 using memory_internal::DecodeKey;
 using memory_internal::EncodeKey;
 using memory_internal::KeyCode;
@@ -243,8 +246,12 @@ struct alignas(64) Shard {
   std::vector<ScopeInfo> scopes;
   std::vector<std::uint32_t> free_scopes;
   absl::flat_hash_map<std::string, std::uint32_t> scope_ids;
-  std::vector<std::unique_ptr<char[]>> blobs;  // blob id - 1
-  std::vector<std::uint32_t> free_blobs;
+  // Blobs (blob_pool.h): a slot's blob id is 0 (none), a grain of the store's BlobArena, or
+  // BlobPool::kNotPooled | i for big_blobs[i].
+  BlobArena* blob_arena = nullptr;
+  BlobPool blob_pool;
+  std::vector<std::unique_ptr<char[]>> big_blobs;
+  std::vector<std::uint32_t> free_big_blobs;
   std::size_t blob_bytes = 0;
   absl::flat_hash_map<std::string, Session> sessions;
   absl::flat_hash_map<std::string, Entity> entities;
@@ -309,7 +316,7 @@ struct alignas(64) Shard {
   BlobView Blob(const Slot& s) const {
     BlobView v;
     if (s.blob() == 0) return v;
-    const char* p = blobs[s.blob() - 1].get();
+    const char* p = BlobBytes(s.blob());
     BlobHeader h;
     std::memcpy(&h, p, sizeof(h));
     p += sizeof(h);
@@ -338,8 +345,26 @@ struct alignas(64) Shard {
                    static_cast<std::uint16_t>(long_key.size()),
                    static_cast<std::uint8_t>(fp != nullptr ? 1 : 0), 0};
       const std::size_t size = BlobSize(h);
-      auto bytes = std::make_unique_for_overwrite<char[]>(size);
-      char* p = bytes.get();
+      char* p = nullptr;
+      std::optional<std::uint32_t> grain;
+      if (size <= BlobPool::kMaxBytes) grain = blob_pool.Allocate(*blob_arena, size);
+      if (grain) {
+        id = *grain;
+        p = blob_arena->at(*grain);
+      } else {
+        std::uint32_t i = 0;
+        if (free_big_blobs.empty()) {
+          IDEM_CHECK_MSG(big_blobs.size() < BlobPool::kNotPooled, "too many blobs in a shard");
+          i = static_cast<std::uint32_t>(big_blobs.size());
+          big_blobs.emplace_back();
+        } else {
+          i = free_big_blobs.back();
+          free_big_blobs.pop_back();
+        }
+        big_blobs[i] = std::make_unique_for_overwrite<char[]>(size);
+        p = big_blobs[i].get();
+        id = BlobPool::kNotPooled | i;
+      }
       std::memcpy(p, &h, sizeof(h));
       p += sizeof(h);
       if (!long_key.empty()) std::memcpy(p, long_key.data(), long_key.size());
@@ -349,14 +374,6 @@ struct alignas(64) Shard {
         p += sizeof(Fingerprint);
       }
       if (!response.empty()) std::memcpy(p, response.data(), response.size());
-      if (free_blobs.empty()) {
-        blobs.push_back(nullptr);
-        id = static_cast<std::uint32_t>(blobs.size());
-      } else {
-        id = free_blobs.back();
-        free_blobs.pop_back();
-      }
-      blobs[id - 1] = std::move(bytes);
       blob_bytes += size;
     }
     FreeBlob(s);
@@ -368,11 +385,21 @@ struct alignas(64) Shard {
     const std::uint32_t id = s.blob();
     if (id == 0) return;
     BlobHeader h;
-    std::memcpy(&h, blobs[id - 1].get(), sizeof(h));
-    blob_bytes -= BlobSize(h);
-    blobs[id - 1].reset();
-    free_blobs.push_back(id);
+    std::memcpy(&h, BlobBytes(id), sizeof(h));
+    const std::size_t size = BlobSize(h);
+    blob_bytes -= size;
+    if ((id & BlobPool::kNotPooled) != 0) {
+      big_blobs[id ^ BlobPool::kNotPooled].reset();
+      free_big_blobs.push_back(id ^ BlobPool::kNotPooled);
+    } else {
+      blob_pool.Free(*blob_arena, id, size);
+    }
     s.set_blob(0);
+  }
+
+  const char* BlobBytes(std::uint32_t id) const {
+    return (id & BlobPool::kNotPooled) != 0 ? big_blobs[id ^ BlobPool::kNotPooled].get()
+                                            : blob_arena->at(id);
   }
 
   // ---- records ----
@@ -594,8 +621,9 @@ class MemoryStore final : public memory_internal::Engine {
   const std::chrono::milliseconds abandoned_retention_;
   int bits_ = 0;
   std::size_t shard_count_ = 1;
-  // Declared before the shards: their pools point into the arena's blocks.
+  // Declared before the shards: their pools point into the arenas' blocks.
   SlotArena arena_;
+  BlobArena blob_arena_;
   std::unique_ptr<Shard[]> shards_;
 
   std::mutex reaper_mu_;
@@ -622,6 +650,7 @@ MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journ
   for (std::size_t i = 0; i < n; ++i) {
     shards_[i].number = static_cast<std::uint32_t>(i);
     shards_[i].slots = &arena_.at(0);
+    shards_[i].blob_arena = &blob_arena_;
     shards_[i].bits = bits_;
   }
   if (options.reclaim_interval.count() > 0) {
@@ -1004,7 +1033,7 @@ Result<StoreStats> MemoryStore::Stats() {
     }
     st.sessions += sh.sessions.size();
     st.entities += sh.entities.size();
-    st.bytes += sh.index.bytes() + sh.blob_bytes + sh.blobs.capacity() * sizeof(void*) +
+    st.bytes += sh.index.bytes() + sh.blob_bytes + sh.big_blobs.capacity() * sizeof(void*) +
                 sh.scopes.capacity() * sizeof(ScopeInfo) + sh.KeyedBytes();
   }
   return st;

@@ -6,11 +6,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
+#include "stores/memory/blob_pool.h"
 #include "stores/memory/key_code.h"
 #include "tests/support/fake_clock.h"
 
@@ -211,6 +215,93 @@ TEST_F(MemoryStoreTest, FingerprintResponseAndEveryFieldRoundTrip) {
   EXPECT_EQ(std::get<Replay>(replay).outcome, Outcome::kFailure);
   again.fingerprint = Fp(8);
   EXPECT_TRUE(std::holds_alternative<Conflict>(*store->Begin(again)));
+}
+
+// Blobs of every pooled size, allocated and freed at random across several runs: no live
+// block is overwritten by another, and a freed block is what the next one of its size gets.
+TEST(BlobPoolTest, BlocksNeverOverlapAndFreedOnesAreReused) {
+  using memory_internal::BlobArena;
+  using memory_internal::BlobPool;
+  BlobArena arena;
+  BlobPool pool;
+  std::mt19937 rng(11);
+  std::map<std::uint32_t, std::string> live;  // grain -> what was written there
+  std::size_t written = 0;
+  for (int step = 0; step < 40'000; ++step) {
+    if (!live.empty() && rng() % 3 == 0) {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rng() % live.size()));
+      ASSERT_EQ(std::string_view(arena.at(it->first), it->second.size()), it->second);
+      const std::size_t size = it->second.size();
+      const std::uint32_t grain = it->first;
+      pool.Free(arena, grain, size);
+      live.erase(it);
+      // The next block of the same size is the one just freed.
+      const std::optional<std::uint32_t> again = pool.Allocate(arena, size);
+      ASSERT_TRUE(again.has_value());
+      EXPECT_EQ(*again, grain);
+      pool.Free(arena, *again, size);
+      continue;
+    }
+    const std::size_t size = 1 + rng() % BlobPool::kMaxBytes;
+    const std::optional<std::uint32_t> grain = pool.Allocate(arena, size);
+    ASSERT_TRUE(grain.has_value());
+    ASSERT_NE(*grain, 0u);
+    ASSERT_EQ(*grain & BlobPool::kNotPooled, 0u);
+    std::string bytes(size, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    std::memcpy(arena.at(*grain), bytes.data(), size);
+    written += size;
+    ASSERT_TRUE(live.emplace(*grain, std::move(bytes)).second) << "grain handed out twice";
+  }
+  EXPECT_GT(written, std::size_t{4} * BlobArena::kRunGrains * BlobArena::kGrain);  // several runs
+  std::uint32_t end = 0;
+  for (const auto& [grain, bytes] : live) {
+    EXPECT_GE(grain, end) << "blocks overlap";
+    end = grain +
+          static_cast<std::uint32_t>((bytes.size() + BlobArena::kGrain - 1) / BlobArena::kGrain);
+    EXPECT_EQ(std::string_view(arena.at(grain), bytes.size()), bytes);
+  }
+}
+
+// Records whose blobs sit on either side of the pooled limit (key, fingerprint and response
+// together), replaced and erased in between, answer with exactly their own bytes.
+TEST_F(MemoryStoreTest, ResponsesOfEverySizeReplayExactlyAcrossReuse) {
+  auto store = Make(/*shards=*/1);
+  const auto response_for = [](std::size_t round, std::size_t size) {
+    std::string r(size, '\0');
+    for (std::size_t i = 0; i < size; ++i) r[i] = static_cast<char>('a' + (round * 7 + i) % 26);
+    return r;
+  };
+  const auto key_for = [](std::size_t i) {
+    // Every third key is too long to pack, so it lives in the blob too.
+    return i % 3 == 0 ? Numbered(std::string(120, 'k'), i) : Numbered("key-", i);
+  };
+  constexpr std::size_t kKeys = 320;
+  for (std::size_t round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < kKeys; ++i) {
+      const std::optional<Fingerprint> fp =
+          i % 2 == 0 ? std::optional<Fingerprint>(Fp(static_cast<std::uint8_t>(i))) : std::nullopt;
+      const Token t = MustAcquire(*store, "s", key_for(i), fp);
+      MustComplete(*store, "s", key_for(i), t, response_for(round, (i * 37 + round * 11) % 400));
+    }
+    for (std::size_t i = 0; i < kKeys; ++i) {
+      const std::string key = key_for(i);
+      BeginRequest b;
+      b.scope = "s";
+      b.key = key;
+      if (i % 2 == 0) b.fingerprint = Fp(static_cast<std::uint8_t>(i));
+      const BeginAnswer a = *store->Begin(b);
+      ASSERT_TRUE(std::holds_alternative<Replay>(a)) << i;
+      EXPECT_EQ(std::get<Replay>(a).response, response_for(round, (i * 37 + round * 11) % 400))
+          << "key " << i << " round " << round;
+      const std::optional<Record> r = *store->Get("s", key);
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(r->key, key);
+    }
+    // Free every blob before the next round reuses their blocks with other sizes.
+    for (std::size_t i = 0; i < kKeys; ++i) ASSERT_TRUE(*store->Erase("s", key_for(i)));
+  }
 }
 
 TEST_F(MemoryStoreTest, ManyScopesKeepTheSameKeyApart) {

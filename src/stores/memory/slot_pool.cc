@@ -1,17 +1,14 @@
 #include "stores/memory/slot_pool.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <limits>
 #include <new>
 
+#include "stores/memory/address_range.h"
 #include "stores/memory/slot_index.h"
 
 namespace idem::memory_internal {
 namespace {
-
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 constexpr std::int64_t kMaxCreated = (std::int64_t{1} << 48) - 1;
 constexpr std::int64_t kMaxOffset = (std::int64_t{1} << 39) - 1;
@@ -78,28 +75,15 @@ void Slot::set_head(const core::RecordHead& h, int shard_bits) {
 }
 
 SlotArena::SlotArena() {
-  // Reserve room for up to 2^30 slots (48 GiB of address space, none of it resident until
-  // written); halve until the system agrees, e.g. under a sanitizer or an address-space limit.
-  for (std::size_t slots = std::size_t{1} << 30; slots >= (std::size_t{1} << 16); slots /= 2) {
-    const std::size_t bytes = slots * sizeof(Slot);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) continue;
-    base_ = static_cast<Slot*>(p);
-    reserved_bytes_ = bytes;
-    max_runs_ = static_cast<std::uint32_t>(slots / kRunSlots);
-#ifdef MADV_HUGEPAGE
-    // Not the first 2 MiB: a small store should not pin a whole huge page.
-    if (bytes > kHugePageBytes) {
-      madvise(static_cast<char*>(p) + kHugePageBytes, bytes - kHugePageBytes, MADV_HUGEPAGE);
-    }
-#endif
-    return;
-  }
-  throw std::bad_alloc();
+  // Room for up to 2^30 slots (48 GiB of address space, none of it resident until written).
+  const AddressRange r = ReserveAddressRange((std::size_t{1} << 30) * sizeof(Slot),
+                                             (std::size_t{1} << 16) * sizeof(Slot));
+  base_ = reinterpret_cast<Slot*>(r.base);
+  reserved_bytes_ = r.bytes;
+  max_runs_ = static_cast<std::uint32_t>(r.bytes / sizeof(Slot) / kRunSlots);
 }
 
-SlotArena::~SlotArena() { munmap(base_, reserved_bytes_); }
+SlotArena::~SlotArena() { ReleaseAddressRange({reinterpret_cast<char*>(base_), reserved_bytes_}); }
 
 std::optional<std::uint32_t> SlotArena::NewRun() {
   std::uint32_t run = runs_.load(std::memory_order_relaxed);

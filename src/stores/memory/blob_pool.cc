@@ -1,0 +1,83 @@
+#include "stores/memory/blob_pool.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "idem/status.h"
+#include "stores/memory/address_range.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define IDEM_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define IDEM_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define IDEM_POISON(p, n) static_cast<void>(0)
+#define IDEM_UNPOISON(p, n) static_cast<void>(0)
+#endif
+
+namespace idem::memory_internal {
+
+BlobArena::BlobArena() {
+  // Room for up to 2^31 grains (32 GiB of address space, none of it resident until written).
+  const AddressRange r = ReserveAddressRange((std::size_t{1} << 31) * kGrain,
+                                             std::size_t{16} * kRunGrains * kGrain);
+  base_ = r.base;
+  reserved_bytes_ = r.bytes;
+  max_runs_ = static_cast<std::uint32_t>(r.bytes / kGrain / kRunGrains);
+}
+
+BlobArena::~BlobArena() {
+  // What the shards left poisoned must not stay so for whatever the system maps here next
+  // (only the runs handed out: unpoisoning the whole range would write all of its shadow).
+  IDEM_UNPOISON(base_, std::size_t{runs_.load(std::memory_order_relaxed)} * kRunGrains * kGrain);
+  ReleaseAddressRange({base_, reserved_bytes_});
+}
+
+std::optional<std::uint32_t> BlobArena::NewRun() {
+  std::uint32_t run = runs_.load(std::memory_order_relaxed);
+  do {
+    if (run >= max_runs_) return std::nullopt;
+  } while (!runs_.compare_exchange_weak(run, run + 1, std::memory_order_relaxed));
+  return run * kRunGrains;
+}
+
+// Under AddressSanitizer every byte of a run that no live blob holds is poisoned, so reading
+// past a blob's end, or a freed blob, is reported.
+std::optional<std::uint32_t> BlobPool::Allocate(BlobArena& arena, std::size_t bytes) {
+  IDEM_CHECK(bytes > 0 && bytes <= kMaxBytes);
+  const std::uint32_t n = Grains(bytes);
+  std::uint32_t grain = free_[n - 1];
+  if (grain != 0) {
+    char* p = arena.at(grain);
+    IDEM_UNPOISON(p, std::max(bytes, sizeof(grain)));
+    std::memcpy(&free_[n - 1], p, sizeof(grain));
+    return grain;
+  }
+  if (run_end_ - next_ < n) {
+    // What is left of this run is smaller than any block it could not hold: keep it for one.
+    if (run_end_ != next_) Push(arena, next_, run_end_ - next_);
+    const std::optional<std::uint32_t> run = arena.NewRun();
+    if (!run) return std::nullopt;
+    IDEM_POISON(arena.at(*run), std::size_t{BlobArena::kRunGrains} * BlobArena::kGrain);
+    next_ = *run;
+    run_end_ = *run + BlobArena::kRunGrains;
+  }
+  grain = next_;
+  next_ += n;
+  IDEM_UNPOISON(arena.at(grain), bytes);
+  return grain;
+}
+
+void BlobPool::Free(BlobArena& arena, std::uint32_t grain, std::size_t bytes) {
+  Push(arena, grain, Grains(bytes));
+}
+
+void BlobPool::Push(BlobArena& arena, std::uint32_t grain, std::uint32_t grains) {
+  char* p = arena.at(grain);
+  IDEM_UNPOISON(p, sizeof(grain));
+  std::memcpy(p, &free_[grains - 1], sizeof(grain));
+  IDEM_POISON(p, std::size_t{grains} * BlobArena::kGrain);
+  free_[grains - 1] = grain;
+}
+
+}  // namespace idem::memory_internal
