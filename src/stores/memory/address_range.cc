@@ -15,7 +15,8 @@ AddressRange ReserveAddressRange(std::size_t max_bytes, std::size_t min_bytes) {
     char* base = static_cast<char*>(p);
 #ifdef MADV_HUGEPAGE
     // Advisory: without transparent huge pages the range works with small pages.
-    if (bytes > kHugePageBytes) madvise(base + kHugePageBytes, bytes - kHugePageBytes, MADV_HUGEPAGE);
+    if (bytes > kHugePageBytes)
+      madvise(base + kHugePageBytes, bytes - kHugePageBytes, MADV_HUGEPAGE);
 #endif
     return AddressRange{base, bytes};
   }

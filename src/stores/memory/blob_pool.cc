@@ -19,8 +19,8 @@ namespace idem::memory_internal {
 
 BlobArena::BlobArena() {
   // Room for up to 2^31 grains (32 GiB of address space, none of it resident until written).
-  const AddressRange r = ReserveAddressRange((std::size_t{1} << 31) * kGrain,
-                                             std::size_t{16} * kRunGrains * kGrain);
+  const AddressRange r =
+      ReserveAddressRange((std::size_t{1} << 31) * kGrain, std::size_t{16} * kRunGrains * kGrain);
   base_ = r.base;
   reserved_bytes_ = r.bytes;
   max_runs_ = static_cast<std::uint32_t>(r.bytes / kGrain / kRunGrains);
