@@ -4,6 +4,9 @@
 //
 //   raw_append/batch:N        the disk's limit: N 64-byte records appended to an O_APPEND file
 //                             in one write(), then fdatasync; one thread. items = records.
+//   raw_append/syncs_in_flight:2/batch:N   context, not a target: the same from two threads,
+//                             writing in turn, each syncing through its own descriptor, so
+//                             two fdatasyncs overlap. items = records (both threads).
 //   log_store/sync:always     idem, one cycle per caller at a time, 1/16/64 callers (threads)
 //                             sharing one store, so concurrent callers share a group commit.
 //                             Compare with raw_append/batch:<callers>: a cycle is two log
@@ -316,6 +319,42 @@ void BM_RawAppend(benchmark::State& state) {
   ::close(fd);
   if (!ok) state.SkipWithError("write or fdatasync failed");
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));
+}
+
+// Context for a possible writer with two syncs in flight, not a target: two threads append
+// batches to one file in turn (one write() at a time, under a lock) and each then fdatasyncs it
+// through its own open file description, so one thread's sync runs while the other writes and
+// syncs. (Separate descriptions, because Linux reports a writeback error once per description:
+// on a shared one, the second of two concurrent syncs could succeed after the first failed.)
+std::unique_ptr<ScratchDir> g_overlap_dir;
+std::mutex g_overlap_write_mu;
+
+void BM_RawAppendOverlapped(benchmark::State& state) {
+  const auto batch = static_cast<std::size_t>(state.range(0));
+  if (state.thread_index() == 0) g_overlap_dir = std::make_unique<ScratchDir>("raw-overlap");
+  std::string records(batch * kRawRecordBytes, '\0');
+  std::mt19937_64 rng(static_cast<std::uint64_t>(state.thread_index()) + 1);
+  for (char& c : records) c = static_cast<char>(rng());
+  int fd = -1;
+  bool ok = true;
+  for (auto _ : state) {
+    // Opened in the loop: thread 0 made the directory before the loop's opening barrier.
+    if (fd < 0) {
+      const std::string path = g_overlap_dir->path() + "/raw.log";
+      fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd < 0) Die("open " + path + ": " + std::strerror(errno));
+    }
+    {
+      std::lock_guard<std::mutex> lock(g_overlap_write_mu);
+      ok &= ::write(fd, records.data(), records.size()) == static_cast<ssize_t>(records.size());
+    }
+    ok &= ::fdatasync(fd) == 0;
+  }
+  if (fd >= 0) ::close(fd);
+  if (!ok) state.SkipWithError("write or fdatasync failed");
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(batch));
+  // After the loop's closing barrier: the other thread is done writing.
+  if (state.thread_index() == 0) g_overlap_dir.reset();
 }
 
 // ---- idem's log store ----
@@ -721,6 +760,13 @@ void Register() {
       ->Arg(16)
       ->Arg(64)
       ->Iterations(raw_syncs)
+      ->UseRealTime();
+  RegisterBenchmark("raw_append/syncs_in_flight:2", BM_RawAppendOverlapped)
+      ->ArgName("batch")
+      ->Arg(32)
+      ->Arg(64)
+      ->Threads(2)
+      ->Iterations(raw_syncs / 2)
       ->UseRealTime();
   for (int threads : {1, 16, 64}) {
     RegisterBenchmark("log_store/sync:always", BM_LogStore, idem::SyncMode::kAlways)

@@ -109,6 +109,11 @@ target("idem records/s (2 a cycle) / raw batch 64", ratio(None if idem64 is None
        ">= 50%", lambda v: v >= 0.5, lambda v: "-" if v is None else f"{100 * v:.0f}%")
 target("  stricter: idem cycles/s / raw batch 64", ratio(idem64, raw64), "(>= 50%)",
        lambda v: v >= 0.5, lambda v: "-" if v is None else f"{100 * v:.0f}%")
+overlap32 = get("raw_append/syncs_in_flight:2/batch:32", 2)
+overlap64 = get("raw_append/syncs_in_flight:2/batch:64", 2)
+print("context: the raw baseline with two fdatasyncs in flight (two threads writing in turn):")
+print(f"{'  raw, 2 syncs in flight, batch 32 / 64':46}{num(overlap32):>12}{num(overlap64):>12}   "
+      f"(batch 64: {'-' if overlap64 is None or not raw64 else f'{overlap64 / raw64:.2f}x'} one sync)")
 batch64 = get("log_store/sync:always/batch:100", 64)
 print("the same with idem's batch API, 100 keys a call (as the peers batch them):")
 target("  idem batch 100 cycles/s", batch64, "(>= 100k)", lambda v: v >= 100e3, num)
