@@ -288,6 +288,28 @@ Status ChildProcess::Kill(int signal) {
   return OkStatus();
 }
 
+Status ChildProcess::Stop(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0 || exit_status_) return FailedPreconditionError("no running child to stop");
+  IDEM_RETURN_IF_ERROR(Kill(SIGSTOP));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int wait_status = 0;
+    // WUNTRACED: report the child once the whole group stop is done.
+    const pid_t r = ::waitpid(pid_, &wait_status, WNOHANG | WUNTRACED);
+    if (r == pid_ && WIFSTOPPED(wait_status)) return OkStatus();
+    if (r == pid_) {
+      Reap(wait_status);
+      return FailedPreconditionError("pid " + std::to_string(pid_) + " exited instead of stopping");
+    }
+    if (r < 0) return InternalError(ErrnoText("waitpid", errno));
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return UnavailableError("pid " + std::to_string(pid_) + " did not stop within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    ::usleep(1000);
+  }
+}
+
 bool ChildProcess::Running() {
   if (pid_ <= 0 || exit_status_) return false;
   int wait_status = 0;

@@ -57,6 +57,10 @@ class ChildProcess {
 
   // Sends `signal` (no-op success once the child has been reaped).
   Status Kill(int signal);
+  // SIGSTOP, then waits until the child has stopped: kill() returns before every thread of the
+  // child is stopped, and meanwhile it may still answer. kUnavailable if it has not stopped
+  // within `timeout`, kFailedPrecondition if it exited. SIGCONT (Kill) resumes it.
+  Status Stop(std::chrono::milliseconds timeout = std::chrono::seconds(10));
   // Waits for the child to exit and reaps it. Returns its exit code, or 128 + the signal number
   // if a signal ended it (as a shell reports it). kUnavailable if still running after `timeout`.
   Result<int> Wait(std::chrono::milliseconds timeout);

@@ -279,7 +279,7 @@ TEST_F(KafkaTest, ACommitOrCloseTheClusterDoesNotAnswerEndsWithinItsBound) {
   ASSERT_TRUE(broker->Acknowledge(Pointers(*got, 0, 2)).ok());
   ASSERT_TRUE(broker->Settle().ok());
 
-  ASSERT_TRUE(cluster_->process().Kill(SIGSTOP).ok());
+  ASSERT_TRUE(cluster_->process().Stop().ok());
   // The commit is sent without waiting for its answer: Acknowledge returns at once, and the
   // missing answer is the error of the next call that waits for it.
   auto started = std::chrono::steady_clock::now();
@@ -304,7 +304,7 @@ TEST_F(KafkaTest, ACommitOrCloseTheClusterDoesNotAnswerEndsWithinItsBound) {
   }
   EXPECT_EQ(committed, 5);
 
-  ASSERT_TRUE(cluster_->process().Kill(SIGSTOP).ok());
+  ASSERT_TRUE(cluster_->process().Stop().ok());
   started = std::chrono::steady_clock::now();
   broker.reset();
   took = std::chrono::steady_clock::now() - started;
