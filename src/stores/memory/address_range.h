@@ -3,7 +3,10 @@
 #ifndef IDEM_STORES_MEMORY_ADDRESS_RANGE_H_
 #define IDEM_STORES_MEMORY_ADDRESS_RANGE_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 
 namespace idem::memory_internal {
 
@@ -18,6 +21,17 @@ struct AddressRange {
 // backed by transparent huge pages. Throws std::bad_alloc when even `min_bytes` is refused.
 AddressRange ReserveAddressRange(std::size_t max_bytes, std::size_t min_bytes);
 void ReleaseAddressRange(const AddressRange& range);
+
+// Takes the next of `limit` runs that `taken` counts (shards share it: lock-free), or nullopt
+// once all are taken.
+inline std::optional<std::uint32_t> TakeRun(std::atomic<std::uint32_t>& taken,
+                                            std::uint32_t limit) {
+  std::uint32_t run = taken.load(std::memory_order_relaxed);
+  do {
+    if (run >= limit) return std::nullopt;
+  } while (!taken.compare_exchange_weak(run, run + 1, std::memory_order_relaxed));
+  return run;
+}
 
 }  // namespace idem::memory_internal
 

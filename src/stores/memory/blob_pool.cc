@@ -34,11 +34,9 @@ BlobArena::~BlobArena() {
 }
 
 std::optional<std::uint32_t> BlobArena::NewRun() {
-  std::uint32_t run = runs_.load(std::memory_order_relaxed);
-  do {
-    if (run >= max_runs_) return std::nullopt;
-  } while (!runs_.compare_exchange_weak(run, run + 1, std::memory_order_relaxed));
-  return run * kRunGrains;
+  const std::optional<std::uint32_t> run = TakeRun(runs_, max_runs_);
+  if (!run) return std::nullopt;
+  return *run * kRunGrains;
 }
 
 // Under AddressSanitizer every byte of a run that no live blob holds is poisoned, so reading

@@ -86,11 +86,9 @@ SlotArena::SlotArena() {
 SlotArena::~SlotArena() { ReleaseAddressRange({reinterpret_cast<char*>(base_), reserved_bytes_}); }
 
 std::optional<std::uint32_t> SlotArena::NewRun() {
-  std::uint32_t run = runs_.load(std::memory_order_relaxed);
-  do {
-    if (run >= max_runs_) return std::nullopt;
-  } while (!runs_.compare_exchange_weak(run, run + 1, std::memory_order_relaxed));
-  return run * kRunSlots;
+  const std::optional<std::uint32_t> run = TakeRun(runs_, max_runs_);
+  if (!run) return std::nullopt;
+  return *run * kRunSlots;
 }
 
 std::optional<std::uint32_t> SlotPool::Allocate(SlotArena& arena) {
