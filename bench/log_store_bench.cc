@@ -302,15 +302,21 @@ void Finish(benchmark::State& state, const RunBase& run, std::uint64_t cycles,
 
 // ---- raw baseline ----
 
+// `batch` random 64-byte records, as one write()'s worth.
+std::string RawRecords(std::size_t batch, std::uint64_t seed) {
+  std::string records(batch * kRawRecordBytes, '\0');
+  std::mt19937_64 rng(seed);
+  for (char& c : records) c = static_cast<char>(rng());
+  return records;
+}
+
 void BM_RawAppend(benchmark::State& state) {
   const auto batch = static_cast<std::size_t>(state.range(0));
   ScratchDir dir("raw");
   const std::string path = dir.path() + "/raw.log";
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) Die("open " + path + ": " + std::strerror(errno));
-  std::string records(batch * kRawRecordBytes, '\0');
-  std::mt19937_64 rng(1);
-  for (char& c : records) c = static_cast<char>(rng());
+  const std::string records = RawRecords(batch, 1);
   bool ok = true;
   for (auto _ : state) {
     ok &= ::write(fd, records.data(), records.size()) == static_cast<ssize_t>(records.size());
@@ -332,9 +338,8 @@ std::mutex g_overlap_write_mu;
 void BM_RawAppendOverlapped(benchmark::State& state) {
   const auto batch = static_cast<std::size_t>(state.range(0));
   if (state.thread_index() == 0) g_overlap_dir = std::make_unique<ScratchDir>("raw-overlap");
-  std::string records(batch * kRawRecordBytes, '\0');
-  std::mt19937_64 rng(static_cast<std::uint64_t>(state.thread_index()) + 1);
-  for (char& c : records) c = static_cast<char>(rng());
+  const std::string records =
+      RawRecords(batch, static_cast<std::uint64_t>(state.thread_index()) + 1);
   int fd = -1;
   bool ok = true;
   for (auto _ : state) {

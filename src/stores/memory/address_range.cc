@@ -7,7 +7,6 @@
 namespace idem::memory_internal {
 
 AddressRange ReserveAddressRange(std::size_t max_bytes, std::size_t min_bytes) {
-  constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
   for (std::size_t bytes = max_bytes; bytes >= min_bytes; bytes /= 2) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

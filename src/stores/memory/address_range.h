@@ -10,6 +10,9 @@
 
 namespace idem::memory_internal {
 
+// The transparent huge page size this code asks for (x86-64, arm64 with 4 KiB pages).
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
 struct AddressRange {
   char* base = nullptr;
   std::size_t bytes = 0;

@@ -78,4 +78,32 @@ void BlobPool::Push(BlobArena& arena, std::uint32_t grain, std::uint32_t grains)
   free_[grains - 1] = grain;
 }
 
+std::pair<std::uint32_t, char*> ShardBlobs::New(std::size_t size) {
+  if (size <= BlobPool::kMaxBytes) {
+    if (const std::optional<std::uint32_t> grain = pool_.Allocate(*arena_, size)) {
+      return {*grain, arena_->at(*grain)};
+    }
+  }
+  std::uint32_t i = 0;
+  if (free_big_.empty()) {
+    IDEM_CHECK_MSG(big_.size() < kNotPooled, "too many blobs in a shard");
+    i = static_cast<std::uint32_t>(big_.size());
+    big_.emplace_back();
+  } else {
+    i = free_big_.back();
+    free_big_.pop_back();
+  }
+  big_[i] = std::make_unique_for_overwrite<char[]>(size);
+  return {kNotPooled | i, big_[i].get()};
+}
+
+void ShardBlobs::Delete(std::uint32_t id, std::size_t size) {
+  if ((id & kNotPooled) == 0) {
+    pool_.Free(*arena_, id, size);
+    return;
+  }
+  big_[id ^ kNotPooled].reset();
+  free_big_.push_back(id ^ kNotPooled);
+}
+
 }  // namespace idem::memory_internal

@@ -16,7 +16,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace idem::memory_internal {
 
@@ -33,10 +36,6 @@ class BlobArena {
   char* at(std::uint32_t grain) const { return base_ + std::size_t{grain} * kGrain; }
   // The first grain of a fresh run (never 0), or nullopt when the range is used up.
   std::optional<std::uint32_t> NewRun();
-  // Bytes of the runs handed out so far.
-  std::size_t bytes() const {
-    return std::size_t{runs_.load(std::memory_order_relaxed) - 1} * kRunGrains * kGrain;
-  }
 
  private:
   char* base_ = nullptr;
@@ -49,8 +48,6 @@ class BlobArena {
 class BlobPool {
  public:
   static constexpr std::size_t kMaxBytes = 256;
-  // Grains are below 2^31: the store marks its own (larger) blobs' ids with this bit.
-  static constexpr std::uint32_t kNotPooled = std::uint32_t{1} << 31;
 
   // The first grain of a block of at least `bytes` (1..kMaxBytes), or nullopt when the arena is
   // used up.
@@ -70,6 +67,31 @@ class BlobPool {
   std::array<std::uint32_t, kClasses> free_{};
   std::uint32_t next_ = 0;     // the current run's next unused grain
   std::uint32_t run_end_ = 0;  // the current run's end
+};
+
+// One shard's blobs, each named by a 32-bit id (0: none): a pooled blob by its first grain
+// (grains are below 2^31), any other by kNotPooled | its index among the separate
+// allocations. Not thread-safe (the shard lock guards it).
+class ShardBlobs {
+ public:
+  static constexpr std::uint32_t kNotPooled = std::uint32_t{1} << 31;
+
+  void set_arena(BlobArena* arena) { arena_ = arena; }
+  // A new blob of `size` (> 0) bytes, to be written through the pointer.
+  std::pair<std::uint32_t, char*> New(std::size_t size);
+  // Frees blob `id`, which New(size) made.
+  void Delete(std::uint32_t id, std::size_t size);
+  const char* Bytes(std::uint32_t id) const {
+    return (id & kNotPooled) != 0 ? big_[id ^ kNotPooled].get() : arena_->at(id);
+  }
+  // What naming the separate allocations costs, for the store's statistics.
+  std::size_t table_bytes() const { return big_.capacity() * sizeof(big_[0]); }
+
+ private:
+  BlobArena* arena_ = nullptr;
+  BlobPool pool_;
+  std::vector<std::unique_ptr<char[]>> big_;
+  std::vector<std::uint32_t> free_big_;  // indexes into big_ that hold nothing
 };
 
 }  // namespace idem::memory_internal

@@ -35,13 +35,13 @@ namespace idem {
 namespace {
 
 using memory_internal::BlobArena;
-using memory_internal::BlobPool;
 using memory_internal::DecodeKey;
 using memory_internal::EncodeKey;
 using memory_internal::KeyCode;
 using memory_internal::kMaxScopeId;
 using memory_internal::kMaxTokenSeq;
 using memory_internal::kNoSlot;
+using memory_internal::ShardBlobs;
 using memory_internal::Slot;
 using memory_internal::SlotArena;
 using memory_internal::SlotIndex;
@@ -246,12 +246,7 @@ struct alignas(64) Shard {
   std::vector<ScopeInfo> scopes;
   std::vector<std::uint32_t> free_scopes;
   absl::flat_hash_map<std::string, std::uint32_t> scope_ids;
-  // Blobs (blob_pool.h): a slot's blob id is 0 (none), a grain of the store's BlobArena, or
-  // BlobPool::kNotPooled | i for big_blobs[i].
-  BlobArena* blob_arena = nullptr;
-  BlobPool blob_pool;
-  std::vector<std::unique_ptr<char[]>> big_blobs;
-  std::vector<std::uint32_t> free_big_blobs;
+  ShardBlobs blobs;  // blob_pool.h
   std::size_t blob_bytes = 0;
   absl::flat_hash_map<std::string, Session> sessions;
   absl::flat_hash_map<std::string, Entity> entities;
@@ -316,7 +311,7 @@ struct alignas(64) Shard {
   BlobView Blob(const Slot& s) const {
     BlobView v;
     if (s.blob() == 0) return v;
-    const char* p = BlobBytes(s.blob());
+    const char* p = blobs.Bytes(s.blob());
     BlobHeader h;
     std::memcpy(&h, p, sizeof(h));
     p += sizeof(h);
@@ -345,26 +340,8 @@ struct alignas(64) Shard {
                    static_cast<std::uint16_t>(long_key.size()),
                    static_cast<std::uint8_t>(fp != nullptr ? 1 : 0), 0};
       const std::size_t size = BlobSize(h);
-      char* p = nullptr;
-      std::optional<std::uint32_t> grain;
-      if (size <= BlobPool::kMaxBytes) grain = blob_pool.Allocate(*blob_arena, size);
-      if (grain) {
-        id = *grain;
-        p = blob_arena->at(*grain);
-      } else {
-        std::uint32_t i = 0;
-        if (free_big_blobs.empty()) {
-          IDEM_CHECK_MSG(big_blobs.size() < BlobPool::kNotPooled, "too many blobs in a shard");
-          i = static_cast<std::uint32_t>(big_blobs.size());
-          big_blobs.emplace_back();
-        } else {
-          i = free_big_blobs.back();
-          free_big_blobs.pop_back();
-        }
-        big_blobs[i] = std::make_unique_for_overwrite<char[]>(size);
-        p = big_blobs[i].get();
-        id = BlobPool::kNotPooled | i;
-      }
+      auto [new_id, p] = blobs.New(size);
+      id = new_id;
       std::memcpy(p, &h, sizeof(h));
       p += sizeof(h);
       if (!long_key.empty()) std::memcpy(p, long_key.data(), long_key.size());
@@ -385,21 +362,11 @@ struct alignas(64) Shard {
     const std::uint32_t id = s.blob();
     if (id == 0) return;
     BlobHeader h;
-    std::memcpy(&h, BlobBytes(id), sizeof(h));
+    std::memcpy(&h, blobs.Bytes(id), sizeof(h));
     const std::size_t size = BlobSize(h);
     blob_bytes -= size;
-    if ((id & BlobPool::kNotPooled) != 0) {
-      big_blobs[id ^ BlobPool::kNotPooled].reset();
-      free_big_blobs.push_back(id ^ BlobPool::kNotPooled);
-    } else {
-      blob_pool.Free(*blob_arena, id, size);
-    }
+    blobs.Delete(id, size);
     s.set_blob(0);
-  }
-
-  const char* BlobBytes(std::uint32_t id) const {
-    return (id & BlobPool::kNotPooled) != 0 ? big_blobs[id ^ BlobPool::kNotPooled].get()
-                                            : blob_arena->at(id);
   }
 
   // ---- records ----
@@ -650,7 +617,7 @@ MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journ
   for (std::size_t i = 0; i < n; ++i) {
     shards_[i].number = static_cast<std::uint32_t>(i);
     shards_[i].slots = &arena_.at(0);
-    shards_[i].blob_arena = &blob_arena_;
+    shards_[i].blobs.set_arena(&blob_arena_);
     shards_[i].bits = bits_;
   }
   if (options.reclaim_interval.count() > 0) {
@@ -1033,7 +1000,7 @@ Result<StoreStats> MemoryStore::Stats() {
     }
     st.sessions += sh.sessions.size();
     st.entities += sh.entities.size();
-    st.bytes += sh.index.bytes() + sh.blob_bytes + sh.big_blobs.capacity() * sizeof(void*) +
+    st.bytes += sh.index.bytes() + sh.blob_bytes + sh.blobs.table_bytes() +
                 sh.scopes.capacity() * sizeof(ScopeInfo) + sh.KeyedBytes();
   }
   return st;

@@ -247,7 +247,7 @@ TEST(BlobPoolTest, BlocksNeverOverlapAndFreedOnesAreReused) {
     const std::optional<std::uint32_t> grain = pool.Allocate(arena, size);
     ASSERT_TRUE(grain.has_value());
     ASSERT_NE(*grain, 0u);
-    ASSERT_EQ(*grain & BlobPool::kNotPooled, 0u);
+    ASSERT_EQ(*grain & memory_internal::ShardBlobs::kNotPooled, 0u);
     std::string bytes(size, '\0');
     for (char& c : bytes) c = static_cast<char>(rng());
     std::memcpy(arena.at(*grain), bytes.data(), size);

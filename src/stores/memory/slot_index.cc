@@ -9,6 +9,7 @@
 #include <new>
 
 #include "idem/status.h"
+#include "stores/memory/address_range.h"
 
 namespace idem::memory_internal {
 namespace {
@@ -19,7 +20,6 @@ namespace {
 // pages: a probe into an index of a hundred megabytes then costs a cache miss but fewer page
 // walks. All tables are 64-byte aligned (Prefetch keeps log2(capacity) in the low bits).
 constexpr std::size_t kMappedBytes = std::size_t{64} << 10;
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 std::size_t PageRounded(std::size_t bytes) {
   static const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
