@@ -197,31 +197,80 @@ Status LocalPostgres::Stop() {
   return OkStatus();
 }
 
-Status LocalPostgres::Signal(int sig) {
+namespace {
+
+// A process's state letter from /proc/PID/stat ('T' = stopped), and its parent. False if gone.
+bool ReadStat(const std::filesystem::path& stat_path, char& state, long& ppid) {
+  std::ifstream stat(stat_path);
+  std::string line;
+  std::getline(stat, line);
+  // pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(line.substr(close + 1));
+  return static_cast<bool>(rest >> state >> ppid);
+}
+
+// Waits until `pid` is stopped or gone.
+Status AwaitStopped(long pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    char state = 0;
+    long ppid = 0;
+    if (!ReadStat("/proc/" + std::to_string(pid) + "/stat", state, ppid) || state == 'T' ||
+        state == 'Z') {
+      return OkStatus();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return UnavailableError("postgres pid " + std::to_string(pid) + " did not stop");
+    }
+    ::usleep(1000);
+  }
+}
+
+}  // namespace
+
+Result<long> LocalPostgres::Postmaster() const {
   std::ifstream pidfile(dir_ + "/data/postmaster.pid");
   long postmaster = 0;
   if (!(pidfile >> postmaster) || postmaster <= 0) return InternalError("no postmaster.pid");
-  std::vector<long> pids = {postmaster};
+  return postmaster;
+}
+
+std::vector<long> LocalPostgres::Children(long postmaster) {
+  std::vector<long> pids;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    // pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 1));
-    std::string state;
+    char state = 0;
     long ppid = 0;
-    if (rest >> state >> ppid && ppid == postmaster) pids.push_back(std::stol(name));
+    if (ReadStat(entry.path() / "stat", state, ppid) && ppid == postmaster) {
+      pids.push_back(std::stol(name));
+    }
   }
-  for (long pid : pids) ::kill(static_cast<pid_t>(pid), sig);
+  return pids;
+}
+
+Status LocalPostgres::Freeze() {
+  // The postmaster first, so that it forks no child the scan below would miss; then each one
+  // until it has stopped: kill() returns while the process may still answer a query.
+  auto postmaster = Postmaster();
+  if (!postmaster) return postmaster.error();
+  ::kill(static_cast<pid_t>(*postmaster), SIGSTOP);
+  IDEM_RETURN_IF_ERROR(AwaitStopped(*postmaster));
+  const std::vector<long> children = Children(*postmaster);
+  for (long pid : children) ::kill(static_cast<pid_t>(pid), SIGSTOP);
+  for (long pid : children) IDEM_RETURN_IF_ERROR(AwaitStopped(pid));
   return OkStatus();
 }
 
-Status LocalPostgres::Freeze() { return Signal(SIGSTOP); }
-Status LocalPostgres::Thaw() { return Signal(SIGCONT); }
+Status LocalPostgres::Thaw() {
+  auto postmaster = Postmaster();
+  if (!postmaster) return postmaster.error();
+  for (long pid : Children(*postmaster)) ::kill(static_cast<pid_t>(pid), SIGCONT);
+  ::kill(static_cast<pid_t>(*postmaster), SIGCONT);
+  return OkStatus();
+}
 
 LocalPostgres::~LocalPostgres() {
   (void)Thaw();

@@ -48,6 +48,7 @@ class LocalPostgres {
   // Starts it again on the same port and data.
   Status Restart();
   // SIGSTOP / SIGCONT to the postmaster and its children: a server that stops answering.
+  // Freeze returns once every one of them has stopped.
   Status Freeze();
   Status Thaw();
   // postgres://postgres@127.0.0.1:PORT/postgres
@@ -57,7 +58,8 @@ class LocalPostgres {
  private:
   LocalPostgres() = default;
   Status Run(const std::string& command) const;
-  Status Signal(int sig);
+  Result<long> Postmaster() const;
+  static std::vector<long> Children(long postmaster);
   std::string dir_;
   std::string bin_;
   std::uint16_t port_ = 0;

@@ -130,7 +130,10 @@ Status RedisServer::Launch() {
   return OkStatus();
 }
 
-Status RedisServer::Signal(int signal) { return process_->Kill(signal); }
+Status RedisServer::Signal(int signal) {
+  // Stop waits until the server has stopped: one still answering would race the caller.
+  return signal == SIGSTOP ? process_->Stop() : process_->Kill(signal);
+}
 
 Status RedisServer::Kill() {
   IDEM_RETURN_IF_ERROR(process_->Kill(SIGKILL));

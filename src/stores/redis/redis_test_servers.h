@@ -26,7 +26,8 @@ class RedisServer {
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
-  Status Signal(int signal);  // SIGSTOP, SIGCONT
+  // SIGSTOP (returning once the server has stopped), SIGCONT.
+  Status Signal(int signal);
   // SIGKILL and reap.
   Status Kill();
   // Starts it again on the same port and directory (after Kill).
