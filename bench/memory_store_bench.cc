@@ -3,6 +3,11 @@
 // see the same pre-generated keys, one pass each (Iterations(1)), so runs are comparable.
 //
 //   BM_Baseline_InsertUpdate  try_emplace(reserved) then find -> completed, every key once.
+//   BM_Baseline_InsertUpdateOwnMaps/threads:N  the same with a map per thread, each thread
+//                             its share of the keys: nothing shared, so threads:2 against
+//                             threads:1 bounds from above how far this machine scales the work
+//                             (each map is also half the size). Context for the 2-thread
+//                             target, not a target.
 //   BM_Store_BeginComplete    Begin (new key) then Complete, every key once; /threads:2 splits
 //                             the keys in two disjoint halves.
 //   BM_Baseline_Find          find on a full map, keys in random order.
@@ -129,6 +134,22 @@ void BM_Baseline_InsertUpdate(benchmark::State& state) {
     state.ResumeTiming();
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(keys.size()));
+}
+
+void BM_Baseline_InsertUpdateOwnMaps(benchmark::State& state) {
+  const Keys& keys = TheKeys();
+  const std::size_t per_thread = keys.size() / static_cast<std::size_t>(state.threads());
+  const std::size_t from = per_thread * static_cast<std::size_t>(state.thread_index());
+  for (auto _ : state) {
+    BaselineMap map;
+    for (std::size_t i = from; i < from + per_thread; ++i) {
+      const Key16 k = DecodeHex(keys[i]);
+      map.try_emplace(k, Value{State::kReserved});
+      map.find(k)->second.state = State::kCompleted;
+    }
+    benchmark::DoNotOptimize(map.size());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(per_thread));
 }
 
 // The same pass, reading the system clock once per operation, as anything that expires
@@ -317,6 +338,14 @@ BENCHMARK(BM_Baseline_Find)->Iterations(1)->UseRealTime()->Unit(benchmark::kMill
 BENCHMARK(BM_Baseline_FindWithClock)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Store_Replay)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Store_ReplayBatch16)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+// Last: after its two threads' maps, the replay rows above ran at less than half their rate
+// (seen twice; the heap or the huge pages those threads leave behind).
+BENCHMARK(BM_Baseline_InsertUpdateOwnMaps)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Threads(1)
+    ->Threads(2);
 
 }  // namespace
 
