@@ -115,6 +115,15 @@ inline Key16 DecodeHex(std::string_view hex) {
   return k;
 }
 
+// The baseline's cycle for keys [from, to): insert as reserved, then find and complete.
+void InsertUpdate(BaselineMap& map, const Keys& keys, std::size_t from, std::size_t to) {
+  for (std::size_t i = from; i < to; ++i) {
+    const Key16 k = DecodeHex(keys[i]);
+    map.try_emplace(k, Value{State::kReserved});
+    map.find(k)->second.state = State::kCompleted;
+  }
+}
+
 void BM_Baseline_InsertUpdate(benchmark::State& state) {
   const Keys& keys = TheKeys();
   for (auto _ : state) {
@@ -122,11 +131,7 @@ void BM_Baseline_InsertUpdate(benchmark::State& state) {
     const std::int64_t before = ResidentBytes();
     auto map = std::make_unique<BaselineMap>();
     state.ResumeTiming();
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const Key16 k = DecodeHex(keys[i]);
-      map->try_emplace(k, Value{State::kReserved});
-      map->find(k)->second.state = State::kCompleted;
-    }
+    InsertUpdate(*map, keys, 0, keys.size());
     state.PauseTiming();
     state.counters["bytes_per_record"] =
         static_cast<double>(ResidentBytes() - before) / static_cast<double>(keys.size());
@@ -142,11 +147,7 @@ void BM_Baseline_InsertUpdateOwnMaps(benchmark::State& state) {
   const std::size_t from = per_thread * static_cast<std::size_t>(state.thread_index());
   for (auto _ : state) {
     BaselineMap map;
-    for (std::size_t i = from; i < from + per_thread; ++i) {
-      const Key16 k = DecodeHex(keys[i]);
-      map.try_emplace(k, Value{State::kReserved});
-      map.find(k)->second.state = State::kCompleted;
-    }
+    InsertUpdate(map, keys, from, from + per_thread);
     benchmark::DoNotOptimize(map.size());
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(per_thread));

@@ -228,16 +228,8 @@ Status AwaitStopped(long pid) {
   }
 }
 
-}  // namespace
-
-Result<long> LocalPostgres::Postmaster() const {
-  std::ifstream pidfile(dir_ + "/data/postmaster.pid");
-  long postmaster = 0;
-  if (!(pidfile >> postmaster) || postmaster <= 0) return InternalError("no postmaster.pid");
-  return postmaster;
-}
-
-std::vector<long> LocalPostgres::Children(long postmaster) {
+// The pids whose parent is `postmaster`.
+std::vector<long> Children(long postmaster) {
   std::vector<long> pids;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
@@ -249,6 +241,15 @@ std::vector<long> LocalPostgres::Children(long postmaster) {
     }
   }
   return pids;
+}
+
+}  // namespace
+
+Result<long> LocalPostgres::Postmaster() const {
+  std::ifstream pidfile(dir_ + "/data/postmaster.pid");
+  long postmaster = 0;
+  if (!(pidfile >> postmaster) || postmaster <= 0) return InternalError("no postmaster.pid");
+  return postmaster;
 }
 
 Status LocalPostgres::Freeze() {

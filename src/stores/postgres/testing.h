@@ -59,7 +59,6 @@ class LocalPostgres {
   LocalPostgres() = default;
   Status Run(const std::string& command) const;
   Result<long> Postmaster() const;
-  static std::vector<long> Children(long postmaster);
   std::string dir_;
   std::string bin_;
   std::uint16_t port_ = 0;

@@ -2,7 +2,6 @@
 // stops answering, dies or answers nonsense, and recovers by itself; WAIT; the compact form;
 // MOVED and ASK while a slot moves between nodes; a failover that loses no acknowledged key.
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -82,7 +81,7 @@ TEST(RedisFailClosedTest, StoppedServerIsUnavailableWithinTheTimeoutThenRecovers
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(Finish(*store, "before", "r"));
 
-  ASSERT_TRUE((*server)->Signal(SIGSTOP).ok());
+  ASSERT_TRUE((*server)->Freeze().ok());
   // Every caller, concurrent ones included, hears kUnavailable, and soon.
   constexpr int kThreads = 8;
   std::vector<Result<BeginAnswer>> got(kThreads, Result<BeginAnswer>(Conflict{}));
@@ -104,7 +103,7 @@ TEST(RedisFailClosedTest, StoppedServerIsUnavailableWithinTheTimeoutThenRecovers
   }
   EXPECT_EQ(store->Get("s", "before").status().code(), StatusCode::kUnavailable);
 
-  ASSERT_TRUE((*server)->Signal(SIGCONT).ok());
+  ASSERT_TRUE((*server)->Thaw().ok());
   // The same store, not reopened, answers again.
   EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "before"}), "r"));
   EXPECT_TRUE(Finish(*store, "after", "r2"));

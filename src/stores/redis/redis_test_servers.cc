@@ -130,10 +130,9 @@ Status RedisServer::Launch() {
   return OkStatus();
 }
 
-Status RedisServer::Signal(int signal) {
-  // Stop waits until the server has stopped: one still answering would race the caller.
-  return signal == SIGSTOP ? process_->Stop() : process_->Kill(signal);
-}
+Status RedisServer::Freeze() { return process_->Stop(); }
+
+Status RedisServer::Thaw() { return process_->Kill(SIGCONT); }
 
 Status RedisServer::Kill() {
   IDEM_RETURN_IF_ERROR(process_->Kill(SIGKILL));

@@ -26,8 +26,10 @@ class RedisServer {
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
-  // SIGSTOP (returning once the server has stopped), SIGCONT.
-  Status Signal(int signal);
+  // SIGSTOP, returning once the server has stopped (kill() returns while it may still answer),
+  // and SIGCONT: a server that stops answering, then answers again.
+  Status Freeze();
+  Status Thaw();
   // SIGKILL and reap.
   Status Kill();
   // Starts it again on the same port and directory (after Kill).
