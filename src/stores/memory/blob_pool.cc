@@ -17,14 +17,16 @@
 
 namespace idem::memory_internal {
 
-BlobArena::BlobArena() {
-  // Room for up to 2^31 grains (32 GiB of address space, none of it resident until written).
-  const AddressRange r =
-      ReserveAddressRange((std::size_t{1} << 31) * kGrain, std::size_t{16} * kRunGrains * kGrain);
-  base_ = r.base;
-  reserved_bytes_ = r.bytes;
-  max_runs_ = static_cast<std::uint32_t>(r.bytes / kGrain / kRunGrains);
-}
+// Room for up to 2^31 grains (32 GiB of address space, none of it resident until written).
+BlobArena::BlobArena()
+    : BlobArena(ReserveAddressRange((std::size_t{1} << 31) * kGrain,
+                                    std::size_t{16} * kRunGrains * kGrain)) {}
+
+BlobArena::BlobArena(AddressRange r)
+    : base_(r.base),
+      reserved_bytes_(r.bytes),
+      max_runs_(static_cast<std::uint32_t>(r.bytes / kGrain / kRunGrains)),
+      fault_ahead_(r) {}
 
 BlobArena::~BlobArena() {
   // What the shards left poisoned must not stay so for whatever the system maps here next

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "stores/memory/address_range.h"
+
 namespace idem::memory_internal {
 
 class BlobArena {
@@ -36,12 +38,19 @@ class BlobArena {
   char* at(std::uint32_t grain) const { return base_ + std::size_t{grain} * kGrain; }
   // The first grain of a fresh run (never 0), or nullopt when the range is used up.
   std::optional<std::uint32_t> NewRun();
+  // Makes the pages the next runs will use resident now (FaultAhead): call outside locks.
+  void PrefaultNext() {
+    fault_ahead_.Keep(std::size_t{runs_.load(std::memory_order_relaxed)} * kRunGrains * kGrain);
+  }
 
  private:
+  explicit BlobArena(AddressRange range);
+
   char* base_ = nullptr;
   std::size_t reserved_bytes_ = 0;
   std::uint32_t max_runs_ = 0;
   std::atomic<std::uint32_t> runs_{1};  // run 0 is never handed out: grain 0 names no blob
+  FaultAhead fault_ahead_;
 };
 
 // One shard's blocks of the arena. Not thread-safe (the shard lock guards it).

@@ -556,6 +556,13 @@ class MemoryStore final : public memory_internal::Engine {
     if (Status st = journal_->Wait(ticket); !st.ok()) r = std::move(st);
   }
 
+  // Before a shard lock: the page a new record or blob would fault in is made resident here
+  // instead, where it stalls only this caller (FaultAhead, address_range.h).
+  void PrefaultArenas() {
+    arena_.PrefaultNext();
+    blob_arena_.PrefaultNext();
+  }
+
   std::size_t ShardIndex(std::uint64_t hash) const {
     return bits_ == 0 ? 0 : static_cast<std::size_t>(hash >> (64 - bits_));
   }
@@ -646,6 +653,8 @@ Result<BeginAnswer> MemoryStore::Begin(const BeginRequest& req) {
   Shard& sh = ShardFor(id.shard_hash);
   // The index line's miss overlaps the clock read and the lock.
   sh.index.Prefetch(id.tag());
+  sh.index.PrepareGrowth();
+  PrefaultArenas();
   const Timestamp now = clock_->Now();
   return UnderLock<BeginAnswer>(sh, [&](std::uint64_t& ticket) -> Result<BeginAnswer> {
     return BeginLocked(sh, id, req, now, ticket);
@@ -710,6 +719,7 @@ Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   sh.index.Prefetch(id.tag());
+  PrefaultArenas();
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     return Result<WriteAnswer>(CompleteLocked(sh, id, req, now, ticket));
@@ -848,7 +858,9 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
     ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key, fixed_shards_);
     shard_of[i] = static_cast<std::uint32_t>(ShardIndex(ids[i].shard_hash));
     shards_[shard_of[i]].index.Prefetch(ids[i].tag());
+    shards_[shard_of[i]].index.PrepareGrowth();
   }
+  PrefaultArenas();
   const std::vector<std::uint32_t> order = OrderByShard(shard_of);
   // A chunk at a time, so a huge batch does not hold every shard for long.
   if (journal_ != nullptr) journal_->BeginGroup();

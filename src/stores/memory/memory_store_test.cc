@@ -8,14 +8,17 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
+#include "stores/memory/address_range.h"
 #include "stores/memory/blob_pool.h"
 #include "stores/memory/key_code.h"
+#include "stores/memory/slot_index.h"
 #include "tests/support/fake_clock.h"
 
 namespace idem {
@@ -262,6 +265,85 @@ TEST(BlobPoolTest, BlocksNeverOverlapAndFreedOnesAreReused) {
           static_cast<std::uint32_t>((bytes.size() + BlobArena::kGrain - 1) / BlobArena::kGrain);
     EXPECT_EQ(std::string_view(arena.at(grain), bytes.size()), bytes);
   }
+}
+
+// The next index table is made outside the lock once the current one is 70% full, and the
+// growth under the lock takes it: between the two the index holds both (bytes() counts the
+// spare), after the growth only the new one. Another thread asks for spares all along, as
+// callers do before they lock a shard, and every entry stays findable.
+TEST(SlotIndexTest, SpareTableMadeOutsideTheLockIsTheOneGrowthTakes) {
+  using memory_internal::kNoSlot;
+  using memory_internal::SlotIndex;
+  SlotIndex index;
+  std::mutex mu;  // the shard lock
+  std::atomic<bool> done{false};
+  std::thread preparer([&] {
+    while (!done.load()) index.PrepareGrowth();
+  });
+  const auto tag_of = [](std::uint32_t i) { return i * 2654435761u; };
+  constexpr std::uint32_t kEntries = 200'000;
+  std::size_t spares_seen = 0;
+  std::size_t capacity_bytes = 0;  // the table's own bytes, without a spare
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    capacity_bytes = index.bytes();
+  }
+  for (std::uint32_t i = 0; i < kEntries; ++i) {
+    std::lock_guard<std::mutex> lock(mu);
+    const std::size_t before = index.bytes();
+    index.Insert(tag_of(i), i);
+    const std::size_t after = index.bytes();
+    if (before == capacity_bytes * 3) {
+      ++spares_seen;  // a spare of twice the size was there...
+      if (after != before) {
+        EXPECT_EQ(after, capacity_bytes * 2) << "the growth did not take the spare";
+      }
+    }
+    if (after == capacity_bytes * 2 || after == capacity_bytes * 2 * 3) {
+      capacity_bytes *= 2;  // grown (without a spare, or with the next one already there)
+    }
+  }
+  done.store(true);
+  preparer.join();
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_GT(spares_seen, 0u) << "no spare table was ever made";
+  EXPECT_GT(index.spares_taken(), 0u) << "no growth took a spare table";
+  EXPECT_EQ(index.size(), kEntries);
+  for (std::uint32_t i = 0; i < kEntries; ++i) {
+    ASSERT_EQ(index.Find(tag_of(i), [&](std::uint32_t slot) { return slot == i; }), i);
+  }
+  EXPECT_EQ(index.Find(tag_of(kEntries), [](std::uint32_t) { return true; }), kNoSlot);
+}
+
+// Pages are made resident a huge page ahead of what is in use, never changing what is
+// written there, also while other threads ask at the same time.
+TEST(FaultAheadTest, PopulatesAheadOfUseWithoutChangingContents) {
+  using memory_internal::FaultAhead;
+  using memory_internal::kHugePageBytes;
+  const memory_internal::AddressRange range =
+      memory_internal::ReserveAddressRange(16 * kHugePageBytes, 16 * kHugePageBytes);
+  FaultAhead ahead(range);
+  ahead.Keep(0);
+  EXPECT_EQ(ahead.populated(), kHugePageBytes) << "a small user should stay small";
+  // Written before the populating call reaches it.
+  std::memset(range.base + 3 * kHugePageBytes, 0x5A, 4096);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t used = 0; used < 12 * kHugePageBytes; used += 4096 * (t + 1)) {
+        ahead.Keep(used);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ahead.Keep(12 * kHugePageBytes);
+  EXPECT_GE(ahead.populated(), 13 * kHugePageBytes);
+  EXPECT_LE(ahead.populated(), range.bytes);
+  for (std::size_t i = 0; i < 4096; ++i) {
+    ASSERT_EQ(static_cast<unsigned char>(range.base[3 * kHugePageBytes + i]), 0x5A);
+  }
+  EXPECT_EQ(range.base[3 * kHugePageBytes + 4096], 0);
+  memory_internal::ReleaseAddressRange(range);
 }
 
 // Records whose blobs sit on either side of the pooled limit (key, fingerprint and response

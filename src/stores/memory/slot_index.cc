@@ -26,6 +26,20 @@ std::size_t PageRounded(std::size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+// A new table is written all over at once (a growth moves every entry into it, half of its
+// slots), under the shard lock. Faulting its pages in with one call first is cheaper than a
+// fault per page; and a probe reads a slot before it writes one, so a page faulted by that
+// read maps the zero page, and the write then faults again and flushes the other cores' TLBs.
+// Advisory: where the kernel lacks MADV_POPULATE_WRITE the pages fault in as they are touched.
+void Populate(void* p, std::size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  madvise(p, bytes, MADV_POPULATE_WRITE);
+#else
+  static_cast<void>(p);
+  static_cast<void>(bytes);
+#endif
+}
+
 void* AllocateZeroed(std::size_t bytes) {
   if (bytes < kMappedBytes) {
     const std::size_t rounded = (bytes + 63) / 64 * 64;
@@ -38,6 +52,7 @@ void* AllocateZeroed(std::size_t bytes) {
   if (bytes < kHugePageBytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
+    Populate(p, bytes);
     return p;
   }
   // Over-map by one huge page, then trim, so the block starts on a 2 MiB boundary.
@@ -54,6 +69,7 @@ void* AllocateZeroed(std::size_t bytes) {
   // Advisory: without transparent huge pages the table still works with small pages.
   madvise(p, bytes, MADV_HUGEPAGE);
 #endif
+  Populate(p, bytes);
   return p;
 }
 
@@ -77,6 +93,20 @@ std::uint64_t* NewTable(std::size_t capacity) {
   return static_cast<std::uint64_t*>(AllocateZeroed(capacity * sizeof(std::uint64_t)));
 }
 
+// A table with its log2(capacity) in the low bits (tables are 64-byte aligned).
+std::uintptr_t Tagged(const std::uint64_t* table, std::size_t capacity) {
+  return reinterpret_cast<std::uintptr_t>(table) |
+         static_cast<std::uintptr_t>(std::countr_zero(capacity));
+}
+std::uint64_t* TableOf(std::uintptr_t tagged) {
+  return reinterpret_cast<std::uint64_t*>(tagged & ~std::uintptr_t{63});
+}
+std::size_t CapacityOf(std::uintptr_t tagged) { return std::size_t{1} << (tagged & 63); }
+
+void FreeTagged(std::uintptr_t tagged) {
+  if (tagged != 0) FreeZeroed(TableOf(tagged), CapacityOf(tagged) * sizeof(std::uint64_t));
+}
+
 }  // namespace
 
 SlotIndex::SlotIndex() : entries_(NewTable(kInitialCapacity)), mask_(kInitialCapacity - 1) {
@@ -84,13 +114,33 @@ SlotIndex::SlotIndex() : entries_(NewTable(kInitialCapacity)), mask_(kInitialCap
 }
 
 void SlotIndex::Publish() {
-  const auto base = reinterpret_cast<std::uintptr_t>(entries_);
-  IDEM_CHECK((base & 63) == 0);
-  prefetch_.store(base | static_cast<std::uintptr_t>(std::countr_zero(mask_ + std::uint64_t{1})),
-                  std::memory_order_relaxed);
+  const std::size_t capacity = std::size_t{mask_} + 1;
+  IDEM_CHECK((reinterpret_cast<std::uintptr_t>(entries_) & 63) == 0);
+  prefetch_.store(Tagged(entries_, capacity), std::memory_order_relaxed);
+  // A spare pays off only for a table that is a mapping of its own (AllocateZeroed).
+  spare_at_ = capacity * 2 * sizeof(std::uint64_t) >= kMappedBytes
+                  ? static_cast<std::uint32_t>(capacity * 7 / 10)
+                  : 0;
 }
 
-SlotIndex::~SlotIndex() { FreeZeroed(entries_, bytes()); }
+SlotIndex::~SlotIndex() {
+  FreeZeroed(entries_, (std::size_t{mask_} + 1) * sizeof(std::uint64_t));
+  FreeTagged(spare_.load(std::memory_order_relaxed));
+}
+
+std::size_t SlotIndex::bytes() const {
+  const std::uintptr_t spare = spare_.load(std::memory_order_relaxed);
+  return (std::size_t{mask_} + 1 + (spare != 0 ? CapacityOf(spare) : 0)) * sizeof(std::uint64_t);
+}
+
+void SlotIndex::MakeSpare() {
+  // The capacity read here may be outdated by a growth since: Grow then finds a spare of the
+  // wrong size and frees it.
+  const std::size_t capacity = CapacityOf(prefetch_.load(std::memory_order_relaxed)) * 2;
+  const std::uintptr_t current = spare_.load(std::memory_order_relaxed);
+  if (current != 0 && CapacityOf(current) == capacity) return;
+  FreeTagged(spare_.exchange(Tagged(NewTable(capacity), capacity), std::memory_order_acq_rel));
+}
 
 void SlotIndex::Place(std::uint64_t entry) {
   std::uint32_t i = static_cast<std::uint32_t>(entry >> 32) & mask_;
@@ -103,7 +153,7 @@ void SlotIndex::Insert(std::uint32_t tag, std::uint32_t slot) {
   // Keep at most 80% of the entries in use so probe runs stay short.
   if ((std::uint64_t{size_} + 1) * 5 > (std::uint64_t{mask_} + 1) * 4) Grow();
   Place(MakeEntry(tag, slot));
-  ++size_;
+  if (++size_ == spare_at_) want_spare_.store(true, std::memory_order_relaxed);
 }
 
 void SlotIndex::Erase(std::uint32_t tag, std::uint32_t slot) {
@@ -132,12 +182,20 @@ void SlotIndex::Grow() {
   const std::size_t old_capacity = std::size_t{mask_} + 1;
   IDEM_CHECK(old_capacity <= (std::size_t{1} << 31));
   std::uint64_t* old = entries_;
-  entries_ = NewTable(old_capacity * 2);
+  const std::uintptr_t spare = spare_.exchange(0, std::memory_order_acq_rel);
+  if (spare != 0 && CapacityOf(spare) == old_capacity * 2) {
+    entries_ = TableOf(spare);
+    ++spares_taken_;
+  } else {
+    FreeTagged(spare);
+    entries_ = NewTable(old_capacity * 2);
+  }
   mask_ = static_cast<std::uint32_t>(old_capacity * 2 - 1);
   for (std::size_t i = 0; i < old_capacity; ++i) {
     if (old[i] != 0) Place(old[i]);
   }
   FreeZeroed(old, old_capacity * sizeof(std::uint64_t));
+  want_spare_.store(false, std::memory_order_relaxed);
   Publish();
 }
 

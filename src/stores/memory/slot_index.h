@@ -4,7 +4,7 @@
 // 80% full, power-of-two capacity. The tag chooses the home position, so growing rehashes from
 // the entries alone and never reads a record. Erase shifts later entries back (no tombstones).
 //
-// Not thread-safe: the shard lock guards every call except Prefetch.
+// Not thread-safe: the shard lock guards every call except Prefetch and PrepareGrowth.
 #ifndef IDEM_STORES_MEMORY_SLOT_INDEX_H_
 #define IDEM_STORES_MEMORY_SLOT_INDEX_H_
 
@@ -61,20 +61,39 @@ class SlotIndex {
                                                      (tag & mask) * sizeof(std::uint64_t)));
   }
 
+  // Without the shard lock: once the table is 70% full (and large enough to be a mapping of
+  // its own), the first caller here allocates the next table and faults its pages in, so that
+  // the growth under the lock only moves entries. Cheap when there is nothing to do.
+  void PrepareGrowth() {
+    if (!want_spare_.load(std::memory_order_relaxed)) return;
+    if (!want_spare_.exchange(false, std::memory_order_relaxed)) return;
+    MakeSpare();
+  }
+
   std::size_t size() const { return size_; }
-  std::size_t bytes() const { return (std::size_t{mask_} + 1) * sizeof(std::uint64_t); }
+  // Growths that took a table PrepareGrowth had made (tests).
+  std::uint32_t spares_taken() const { return spares_taken_; }
+  // The table's bytes, with the next one's when it is ready.
+  std::size_t bytes() const;
 
  private:
   void Grow();
   void Place(std::uint64_t entry);
+  void MakeSpare();
 
   void Publish();
 
   std::uint64_t* entries_;
   std::uint32_t mask_;
   std::uint32_t size_ = 0;
+  std::uint32_t spare_at_ = 0;  // size at which Insert asks for a spare table; 0: never
+  std::uint32_t spares_taken_ = 0;
   // entries_ | log2(capacity), for Prefetch, which runs outside the lock.
   std::atomic<std::uintptr_t> prefetch_;
+  // Set under the lock when a spare is wanted; taken by the one caller that makes it.
+  std::atomic<bool> want_spare_{false};
+  // The next table (zeroed, faulted in) | log2(its capacity), or 0.
+  std::atomic<std::uintptr_t> spare_{0};
 };
 
 }  // namespace idem::memory_internal

@@ -74,14 +74,16 @@ void Slot::set_head(const core::RecordHead& h, int shard_bits) {
   w3_ = (w3_ & ~kOffsetMask) | offset(h.expires);
 }
 
-SlotArena::SlotArena() {
-  // Room for up to 2^30 slots (48 GiB of address space, none of it resident until written).
-  const AddressRange r = ReserveAddressRange((std::size_t{1} << 30) * sizeof(Slot),
-                                             (std::size_t{1} << 16) * sizeof(Slot));
-  base_ = reinterpret_cast<Slot*>(r.base);
-  reserved_bytes_ = r.bytes;
-  max_runs_ = static_cast<std::uint32_t>(r.bytes / sizeof(Slot) / kRunSlots);
-}
+// Room for up to 2^30 slots (48 GiB of address space, none of it resident until written).
+SlotArena::SlotArena()
+    : SlotArena(ReserveAddressRange((std::size_t{1} << 30) * sizeof(Slot),
+                                    (std::size_t{1} << 16) * sizeof(Slot))) {}
+
+SlotArena::SlotArena(AddressRange r)
+    : base_(reinterpret_cast<Slot*>(r.base)),
+      reserved_bytes_(r.bytes),
+      max_runs_(static_cast<std::uint32_t>(r.bytes / sizeof(Slot) / kRunSlots)),
+      fault_ahead_(r) {}
 
 SlotArena::~SlotArena() { ReleaseAddressRange({reinterpret_cast<char*>(base_), reserved_bytes_}); }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/machine.h"
+#include "stores/memory/address_range.h"
 #include "stores/memory/key_code.h"
 
 namespace idem::memory_internal {
@@ -123,12 +124,17 @@ class SlotArena {
     return std::size_t{runs_.load(std::memory_order_relaxed)} * kRunSlots;
   }
   std::size_t bytes() const { return slots() * sizeof(Slot); }
+  // Makes the pages the next runs will use resident now (FaultAhead): call outside locks.
+  void PrefaultNext() { fault_ahead_.Keep(bytes()); }
 
  private:
+  explicit SlotArena(AddressRange range);
+
   Slot* base_ = nullptr;
   std::size_t reserved_bytes_ = 0;
   std::uint32_t max_runs_ = 0;
   std::atomic<std::uint32_t> runs_{0};
+  FaultAhead fault_ahead_;
 };
 
 // One shard's share of the arena: the runs it took, and a free list of released slots,
