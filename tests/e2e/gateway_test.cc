@@ -36,6 +36,7 @@
 #include "gateway/server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "idem/clock.h"
 #include "idem/stores/memory.h"
 #include "tests/support/faulty_store.h"
 #include "tests/support/http_client.h"
@@ -1256,7 +1257,15 @@ TEST_F(GatewayStoreFailureTest, ASecondaryScopesRunningLeaseIs409AndItsLookupFai
   ASSERT_TRUE(dead.has_value() && std::holds_alternative<Acquired>(*dead));
   auto running = memory_->Begin({.scope = old_scope, .key = "r-taken", .lease = 60s});
   ASSERT_TRUE(running.has_value() && std::holds_alternative<Acquired>(*running));
-  std::this_thread::sleep_for(5ms);
+  // Until both 1 ms leases have run out by the clock the store and the gateway read. It is a
+  // coarse clock (the kernel's last tick, 4 ms here), which on a loaded machine can stand still
+  // for longer than a fixed sleep: CI once saw "r-abandoned" still in flight after 5 ms.
+  const Timestamp lapsed = std::max(std::get<Acquired>(*abandoned).lease_deadline,
+                                    std::get<Acquired>(*dead).lease_deadline);
+  for (int i = 0; i < 5000 && Clock::System().Now() <= lapsed; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GT(Clock::System().Now(), lapsed);
   EXPECT_EQ(Charge("r-abandoned", kCharge, alice).status, 201);
   EXPECT_EQ(Charge("r-taken", kCharge, alice).status, 409);
 
