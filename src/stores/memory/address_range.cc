@@ -23,21 +23,28 @@ AddressRange ReserveAddressRange(std::size_t max_bytes, std::size_t min_bytes) {
   throw std::bad_alloc();
 }
 
+bool PopulateForWrite(char* p, std::size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  return madvise(p, bytes, MADV_POPULATE_WRITE) == 0;
+#else
+  static_cast<void>(p);
+  static_cast<void>(bytes);
+  return false;
+#endif
+}
+
 void FaultAhead::Populate(std::size_t used) {
   if (busy_.exchange(true, std::memory_order_acquire)) return;  // another caller is at it
   std::size_t at = populated_.load(std::memory_order_relaxed);
   // One huge page beyond the one in use: the next caller to cross into it finds it resident.
   const std::size_t want = std::min(range_.bytes, (used / kHugePageBytes + 2) * kHugePageBytes);
   while (at < want) {
-#ifdef MADV_POPULATE_WRITE
-    if (madvise(range_.base + at, kHugePageBytes, MADV_POPULATE_WRITE) != 0) {
-      // EINVAL: an older kernel. ENOMEM/EFAULT: no memory now; the writer's own fault will
-      // report it as it always did. Either way stop trying, and fault lazily from here on.
-      at = range_.bytes;
-      populated_.store(at, std::memory_order_relaxed);
+    if (!PopulateForWrite(range_.base + at, kHugePageBytes)) {
+      // An older kernel, or no memory now (the writer's own fault reports that as it always
+      // did). Either way stop trying, and fault lazily from here on.
+      populated_.store(range_.bytes, std::memory_order_relaxed);
       break;
     }
-#endif
     at += kHugePageBytes;
     populated_.store(at, std::memory_order_relaxed);
   }

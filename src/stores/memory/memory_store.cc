@@ -719,7 +719,7 @@ Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   sh.index.Prefetch(id.tag());
-  PrefaultArenas();
+  blob_arena_.PrefaultNext();  // a completion stores a response, never a new record
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     return Result<WriteAnswer>(CompleteLocked(sh, id, req, now, ticket));

@@ -27,18 +27,11 @@ std::size_t PageRounded(std::size_t bytes) {
 }
 
 // A new table is written all over at once (a growth moves every entry into it, half of its
-// slots), under the shard lock. Faulting its pages in with one call first is cheaper than a
-// fault per page; and a probe reads a slot before it writes one, so a page faulted by that
-// read maps the zero page, and the write then faults again and flushes the other cores' TLBs.
-// Advisory: where the kernel lacks MADV_POPULATE_WRITE the pages fault in as they are touched.
-void Populate(void* p, std::size_t bytes) {
-#ifdef MADV_POPULATE_WRITE
-  madvise(p, bytes, MADV_POPULATE_WRITE);
-#else
-  static_cast<void>(p);
-  static_cast<void>(bytes);
-#endif
-}
+// slots). Faulting its pages in with one call first is cheaper than a fault per page; and a
+// probe reads a slot before it writes one, so a page faulted by that read maps the zero page,
+// and the write then faults again and flushes the other cores' TLBs. Advisory: where it fails
+// the pages fault in as they are touched.
+void Populate(void* p, std::size_t bytes) { PopulateForWrite(static_cast<char*>(p), bytes); }
 
 void* AllocateZeroed(std::size_t bytes) {
   if (bytes < kMappedBytes) {
