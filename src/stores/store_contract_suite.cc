@@ -755,6 +755,112 @@ TEST_P(StoreContractTest, CompleteBatchWithDuplicateKeyAppliesOnce) {
   ExpectStored("k", Completed(Held("k", a, t0), t0, "first"));
 }
 
+// A batch of many distinct keys, of every kind, each named again later in the batch (a store may
+// answer a batch's distinct keys in one set-based statement and the repeats after it): each
+// request is answered as the same Begins one after another would be.
+TEST_P(StoreContractTest, ALargeBeginBatchWithRepeatsAnswersAsBeginsInTurn) {
+  const Timestamp t0 = clock_.Now();
+  const Acquired busy = Acquire("busy", kFpA);
+  const Acquired replay = Acquire("replay");
+  Finish("replay", replay.token, "stored");
+  const Acquired conflict = Acquire("conflict", kFpA);
+  Finish("conflict", conflict.token, "a");
+  const Acquired lapsed = Acquire("lapsed", std::nullopt, 500ms);
+  const Acquired gone = Acquire("gone");
+  Finish("gone", gone.token, "old", Outcome::kSuccess, 500ms);
+  clock_.Advance(1s);
+  const Timestamp t1 = clock_.Now();
+
+  std::vector<BeginRequest> reqs;
+  std::vector<std::string> fresh;
+  for (int i = 0; i < 12; ++i) fresh.push_back("new" + std::to_string(i));
+  for (int i = 0; i < 6; ++i) reqs.push_back(BeginOf(fresh[static_cast<std::size_t>(i)]));
+  reqs.push_back(BeginOf("busy", kFpA));              // 6
+  reqs.push_back(BeginOf("replay"));                  // 7
+  reqs.push_back(BeginOf("conflict", kFpB));          // 8
+  reqs.push_back(BeginOf("lapsed"));                  // 9: a takeover
+  reqs.push_back(BeginOf("gone", kFpB));              // 10: expired, so new
+  reqs.push_back(BeginOf(""));                        // 11: invalid
+  reqs.push_back(BeginOf("new3", std::nullopt, 1h));  // 12: repeats a new key
+  reqs.push_back(BeginOf("lapsed"));                  // 13: repeats the takeover
+  reqs.push_back(BeginOf("gone", kFpA));              // 14: repeats with another fingerprint
+  for (int i = 6; i < 12; ++i) reqs.push_back(BeginOf(fresh[static_cast<std::size_t>(i)], kFpB));
+  reqs.push_back(BeginOf("new0"));  // 21
+  const std::vector<Result<BeginAnswer>> got = store_->BeginBatch(reqs);
+  ASSERT_THAT(got, SizeIs(reqs.size()));
+
+  std::vector<Acquired> news;
+  for (const std::size_t i : std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 15, 16, 17, 18, 19, 20}) {
+    news.push_back(ExpectAcquired(got[i]));
+    EXPECT_EQ(news.back().attempt, 1u);
+    EXPECT_THAT(news.back().lease_deadline, At(t1 + kLease));
+  }
+  EXPECT_THAT(ExpectBusy(got[6]).lease_deadline, At(t0 + kLease));
+  EXPECT_THAT(ExpectReplay(got[7]), ReplayIs(Replay{Outcome::kSuccess, "stored", 1}));
+  ExpectConflict(got[8]);
+  const Acquired takeover = ExpectAcquired(got[9]);
+  EXPECT_EQ(takeover.attempt, 2u);
+  EXPECT_GT(takeover.token, lapsed.token);
+  const Acquired renewed = ExpectAcquired(got[10]);
+  EXPECT_EQ(renewed.attempt, 1u);
+  EXPECT_GT(renewed.token, gone.token);
+  EXPECT_THAT(got[11], StatusIs(StatusCode::kInvalidArgument, HasSubstr("key is empty")));
+  EXPECT_THAT(ExpectBusy(got[12]).lease_deadline, At(t1 + kLease));
+  EXPECT_THAT(ExpectBusy(got[13]).lease_deadline, At(t1 + kLease));
+  ExpectConflict(got[14]);
+  EXPECT_THAT(ExpectBusy(got[21]).lease_deadline, At(t1 + kLease));
+
+  for (std::size_t n = 0; n < 6; ++n) ExpectStored(fresh[n], Held(fresh[n], news[n], t1));
+  for (std::size_t n = 6; n < 12; ++n) ExpectStored(fresh[n], Held(fresh[n], news[n], t1, kFpB));
+  ExpectStored("busy", Held("busy", busy, t0, kFpA));
+  ExpectStored("lapsed", Held("lapsed", takeover, t0));
+  ExpectStored("gone", Held("gone", renewed, t1, kFpB));
+}
+
+// The same for completions: distinct keys of every kind, then repeats (a wrong token before
+// the right one, the right one twice).
+TEST_P(StoreContractTest, ALargeCompleteBatchWithRepeatsAnswersAsCompletesInTurn) {
+  const Timestamp t0 = clock_.Now();
+  std::vector<std::string> keys;
+  std::vector<Acquired> held;
+  for (int i = 0; i < 10; ++i) {
+    keys.push_back("k" + std::to_string(i));
+    held.push_back(Acquire(keys.back()));
+  }
+  const Acquired done = Acquire("done");
+  Finish("done", done.token, "D");
+  clock_.Advance(1s);
+  const Timestamp t1 = clock_.Now();
+
+  std::vector<std::string> responses;
+  for (const std::string& k : keys) responses.push_back("R" + k);
+  std::vector<CompleteRequest> reqs;
+  reqs.push_back(CompleteOf("k3", held[3].token + 1, "thief"));  // 0: wrong token first
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i != 3) reqs.push_back(CompleteOf(keys[i], held[i].token, responses[i]));  // 1..9
+  }
+  reqs.push_back(CompleteOf("done", done.token, "again"));                         // 10
+  reqs.push_back(CompleteOf("absent", 1, "x"));                                    // 11
+  reqs.push_back(CompleteOf("k3", held[3].token, "R3", Outcome::kFailure, 1min));  // 12
+  reqs.push_back(CompleteOf("k4", held[4].token, "second"));                       // 13
+  const std::vector<Result<WriteAnswer>> got = store_->CompleteBatch(reqs);
+  ASSERT_THAT(got, SizeIs(reqs.size()));
+  EXPECT_THAT(got[0], IsLeaseLost());
+  for (std::size_t i = 1; i <= 9; ++i) EXPECT_THAT(got[i], IsApplied()) << i;
+  EXPECT_THAT(got[10], IsLeaseLost());
+  EXPECT_THAT(got[11], IsLeaseLost());
+  EXPECT_THAT(got[12], IsApplied());
+  EXPECT_THAT(got[13], IsLeaseLost());
+
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i == 3) continue;
+    ExpectStored(keys[i], Completed(Held(keys[i], held[i], t0), t1, responses[i]));
+  }
+  ExpectStored("k3", Completed(Held("k3", held[3], t0), t1, "R3", Outcome::kFailure, 1min));
+  ExpectStored("done", Completed(Held("done", done, t0), t0, "D"));
+  ExpectAbsent("absent");
+}
+
 // StartBatch answers as CompleteBatch then BeginBatch do (completes first: a begin of a key
 // the same call completes replays it), or declines without calling back and changes nothing.
 TEST_P(StoreContractTest, StartBatchAnswersAsCompleteBatchThenBeginBatch) {

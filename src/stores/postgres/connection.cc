@@ -64,6 +64,55 @@ void Params::Text(std::string_view s) {
   ++n_;
 }
 
+// ---- ArrayParam ----
+
+namespace {
+void PutBE32(std::string& buf, std::size_t at, std::uint32_t v) {
+  const std::uint32_t be = __builtin_bswap32(v);
+  std::memcpy(buf.data() + at, &be, 4);
+}
+// The binary array header: ndim, has_null, element type, then (size, lower bound) per dimension.
+constexpr std::size_t kArrayHeader = 20;
+constexpr std::size_t kArrayHasNull = 4;
+constexpr std::size_t kArraySize = 12;
+}  // namespace
+
+ArrayParam::ArrayParam(Oid element) : buf_(kArrayHeader, '\0') {
+  PutBE32(buf_, 0, 1);
+  PutBE32(buf_, 8, element);
+  PutBE32(buf_, 16, 1);
+}
+
+void ArrayParam::Element(const void* data, std::uint32_t n) {
+  const std::size_t at = buf_.size();
+  buf_.resize(at + 4 + n);
+  PutBE32(buf_, at, n);
+  if (n != 0) std::memcpy(buf_.data() + at + 4, data, n);
+  PutBE32(buf_, kArraySize, ++count_);
+}
+
+void ArrayParam::Bytes(std::string_view b) {
+  Element(b.data(), static_cast<std::uint32_t>(b.size()));
+}
+
+void ArrayParam::Null() {
+  const std::size_t at = buf_.size();
+  buf_.resize(at + 4);
+  PutBE32(buf_, at, 0xFFFFFFFFu);  // length -1
+  PutBE32(buf_, kArrayHasNull, 1);
+  PutBE32(buf_, kArraySize, ++count_);
+}
+
+void ArrayParam::Int8(std::int64_t v) {
+  const std::uint64_t be = __builtin_bswap64(static_cast<std::uint64_t>(v));
+  Element(&be, 8);
+}
+
+void ArrayParam::Int2(std::int16_t v) {
+  const std::uint16_t be = __builtin_bswap16(static_cast<std::uint16_t>(v));
+  Element(&be, 2);
+}
+
 // ---- errors ----
 
 namespace {

@@ -35,6 +35,9 @@ inline constexpr Oid kBytea = 17;
 inline constexpr Oid kInt8 = 20;
 inline constexpr Oid kInt2 = 21;
 inline constexpr Oid kTid = 27;
+inline constexpr Oid kInt2Array = 1005;
+inline constexpr Oid kInt8Array = 1016;
+inline constexpr Oid kByteaArray = 1001;
 
 // A statement prepared on every connection.
 struct Statement {
@@ -73,6 +76,25 @@ class Params {
   int lengths_[kMax] = {};
   int formats_[kMax] = {};
   char inline_[kMax][32] = {};
+};
+
+// A one-dimensional array parameter in PostgreSQL's binary format, built element by element:
+// a set-based statement takes a whole batch's column in one. Bind it with Params::Bytes(view()),
+// which keeps a view: the ArrayParam must outlive the statement's execution.
+class ArrayParam {
+ public:
+  // `element`: the element type's OID (kBytea, kInt8, kInt2).
+  explicit ArrayParam(Oid element);
+  void Bytes(std::string_view b);
+  void Null();
+  void Int8(std::int64_t v);
+  void Int2(std::int16_t v);
+  std::string_view view() const { return buf_; }
+
+ private:
+  void Element(const void* data, std::uint32_t n);
+  std::string buf_;  // the header (its count and null flag kept current), then the elements
+  std::uint32_t count_ = 0;
 };
 
 // kUnavailable for the connection, timeouts, shutdowns and lock or resource limits (retry),

@@ -10,6 +10,7 @@ namespace idem::pg {
 // What a caller waits on: its ops, answered by a connection's thread.
 struct GroupCommitter::Call {
   std::span<Op> ops;
+  bool alone = false;  // an op of it is: no other call joins its transaction
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;  // guarded by mu
@@ -44,6 +45,7 @@ void GroupCommitter::Run(std::span<Op> ops) {
   if (ops.empty()) return;
   Call call;
   call.ops = ops;
+  call.alone = std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.alone; });
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(&call);
@@ -62,9 +64,12 @@ void GroupCommitter::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and no caller waits
-      // Everyone waiting goes out together, up to max_group_ statements (a call is not split).
+      // Everyone waiting goes out together, up to max_group_ statements (a call is not split),
+      // except that a call with an `alone` op goes out by itself.
       std::size_t n = 0;
-      while (!queue_.empty() && (calls.empty() || n + queue_.front()->ops.size() <= max_group_)) {
+      while (!queue_.empty() &&
+             (calls.empty() || (n + queue_.front()->ops.size() <= max_group_ &&
+                                !calls.front()->alone && !queue_.front()->alone))) {
         n += queue_.front()->ops.size();
         calls.push_back(queue_.front());
         queue_.pop_front();

@@ -43,6 +43,9 @@ struct Op {
   int order_class = 0;
   std::string_view order_a;
   std::string_view order_b;
+  // The statement locks many rows (a set-based batch), in its own order: its call runs in a
+  // transaction of its own, since sorting it among other statements cannot order its rows.
+  bool alone = false;
 
   // Answered: exactly one of these.
   ResultPtr result;
@@ -64,7 +67,8 @@ class GroupCommitter {
   GroupCommitter(const GroupCommitter&) = delete;
   GroupCommitter& operator=(const GroupCommitter&) = delete;
 
-  // Runs `ops` (with other callers' statements) and returns when each is answered. They commit
+  // Runs `ops` (with other callers' statements, unless one of them is `alone`) and returns when
+  // each is answered. They commit
   // together or not at all; when one fails, the others are run again, each on its own.
   void Run(std::span<Op> ops);
 

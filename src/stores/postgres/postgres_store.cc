@@ -68,17 +68,19 @@ Result<WriteAnswer> AffectedAnswer(const Op& op) {
   return AffectedRows(op.result.get()) == 1 ? WriteAnswer::kApplied : WriteAnswer::kLeaseLost;
 }
 
-// Rows of begin_record / begin_seq: kind, token, attempt, lease_deadline, outcome, response.
-Result<BeginAnswer> BeginAnswerOf(const PGresult* r) {
-  switch (GetInt2(r, 0, 0)) {
+// Rows of begin_record / begin_seq: kind, token, attempt, lease_deadline, outcome, response,
+// from column `c` of `row` on.
+Result<BeginAnswer> BeginAnswerOf(const PGresult* r, int row = 0, int c = 0) {
+  switch (GetInt2(r, row, c)) {
     case kKindAcquired:
-      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, 0, 1)), AttemptOf(GetInt8(r, 0, 2)),
-                                  At(GetInt8(r, 0, 3))});
+      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, row, c + 1)),
+                                  AttemptOf(GetInt8(r, row, c + 2)), At(GetInt8(r, row, c + 3))});
     case kKindBusy:
-      return BeginAnswer(Busy{At(GetInt8(r, 0, 3))});
+      return BeginAnswer(Busy{At(GetInt8(r, row, c + 3))});
     case kKindReplay:
-      return BeginAnswer(Replay{OutcomeOf(GetInt2(r, 0, 4)), std::string(GetBytes(r, 0, 5)),
-                                AttemptOf(GetInt8(r, 0, 2))});
+      return BeginAnswer(Replay{OutcomeOf(GetInt2(r, row, c + 4)),
+                                std::string(GetBytes(r, row, c + 5)),
+                                AttemptOf(GetInt8(r, row, c + 2))});
     case kKindConflict:
       return BeginAnswer(Conflict{});
     case kKindStale:
@@ -347,29 +349,200 @@ std::vector<Result<Answer>> RunBatch(std::span<const Req> reqs, Check check, Fil
   return out;
 }
 
-}  // namespace
+// Batches of at least this many distinct keys begin and complete with one set-based statement
+// (kBeginMany, kCompleteMany). Its call runs in a transaction of its own, since its rows cannot
+// be sorted among other statements'; smaller batches go as one statement per key, grouped with
+// other callers' statements.
+constexpr std::size_t kSetBatchMin = 8;
+// Sorts a call's set-based statement before its single ones.
+constexpr int kOrderFirst = -1;
 
-std::vector<Result<BeginAnswer>> PostgresStore::BeginBatch(std::span<const BeginRequest> reqs) {
-  const Timestamp now = clock_->Now();
-  return RunBatch<BeginAnswer>(
-      reqs, [&](const BeginRequest& r) { return core::CheckBegin(r, options_.max_key_bytes); },
-      [&](Op& op, const BeginRequest& r) { FillBegin(op, r, now, options_.abandoned_retention); },
-      [&](std::span<Op> ops) { Run(ops); },
-      [](Op& op) -> Result<BeginAnswer> {
-        auto row = OneRow(op);
-        if (!row) return row.error();
-        return BeginAnswerOf(*row);
-      });
+// A batch's requests that passed `check` (the others are answered with its error): `first`
+// holds the first request of each distinct (scope, key), in key order; `rest` the later ones,
+// in the batch's order.
+struct KeySplit {
+  std::vector<std::size_t> first;
+  std::vector<std::size_t> rest;
+};
+
+template <typename Req, typename Answer, typename Check>
+KeySplit SplitByKey(std::span<const Req> reqs, std::vector<std::optional<Result<Answer>>>& answers,
+                    Check check) {
+  std::vector<std::size_t> order;
+  order.reserve(reqs.size());
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    Status st = check(reqs[i]);
+    if (st.ok()) {
+      order.push_back(i);
+    } else {
+      answers[i].emplace(std::move(st));
+    }
+  }
+  const auto id = [&](std::size_t i) { return std::pair(reqs[i].scope, reqs[i].key); };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return id(a) < id(b); });
+  KeySplit split;
+  split.first.reserve(order.size());
+  for (std::size_t i : order) {
+    if (!split.first.empty() && id(split.first.back()) == id(i)) {
+      split.rest.push_back(i);
+    } else {
+      split.first.push_back(i);
+    }
+  }
+  std::sort(split.rest.begin(), split.rest.end());
+  return split;
 }
 
+// The row of each request in a set-based statement's result, whose column 0 is the 1-based
+// ordinal of a request among `count`: -1 for a request without a row. Every ordinal at most
+// once; with `all`, every one exactly once.
+Result<std::vector<int>> RowsByOrdinal(const Op& op, std::size_t count, bool all) {
+  if (!op.status.ok()) return op.status;
+  const PGresult* r = op.result.get();
+  if (r == nullptr) return WrongShape(op.statement);
+  std::vector<int> row_of(count, -1);
+  const int rows = PQntuples(r);
+  for (int row = 0; row < rows; ++row) {
+    const std::int64_t i = GetInt8(r, row, 0);
+    if (i < 1 || static_cast<std::uint64_t>(i) > count ||
+        row_of[static_cast<std::size_t>(i - 1)] != -1) {
+      return WrongShape(op.statement);
+    }
+    row_of[static_cast<std::size_t>(i - 1)] = row;
+  }
+  if (all && static_cast<std::size_t>(rows) != count) return WrongShape(op.statement);
+  return row_of;
+}
+
+template <typename Answer>
+std::vector<Result<Answer>> Unwrap(std::vector<std::optional<Result<Answer>>> answers) {
+  std::vector<Result<Answer>> out;
+  out.reserve(answers.size());
+  for (auto& a : answers) out.push_back(std::move(*a));
+  return out;
+}
+
+}  // namespace
+
+// A batch of enough distinct keys is one call that runs alone: the set-based statement for the
+// first request of each key, then, in the same transaction, one statement for each later
+// request of a key already named (decided in the batch's order, after the first).
+std::vector<Result<BeginAnswer>> PostgresStore::BeginBatch(std::span<const BeginRequest> reqs) {
+  const Timestamp now = clock_->Now();
+  std::vector<std::optional<Result<BeginAnswer>>> answers(reqs.size());
+  KeySplit split = SplitByKey(reqs, answers, [&](const BeginRequest& r) {
+    return core::CheckBegin(r, options_.max_key_bytes);
+  });
+  const bool set = split.first.size() >= kSetBatchMin;
+  std::vector<std::size_t>& single = split.rest;
+  if (!set) {
+    single.insert(single.end(), split.first.begin(), split.first.end());
+    std::sort(single.begin(), single.end());
+  }
+  const std::size_t lead = set ? 1 : 0;
+  std::unique_ptr<Op[]> ops(new Op[lead + single.size()]);
+  ArrayParam scopes(kBytea), keys(kBytea), fps(kBytea), leases(kInt8);
+  if (set) {
+    for (std::size_t k : split.first) {
+      const BeginRequest& r = reqs[k];
+      scopes.Bytes(r.scope);
+      keys.Bytes(r.key);
+      if (r.fingerprint) {
+        fps.Bytes({reinterpret_cast<const char*>(r.fingerprint->bytes.data()),
+                   r.fingerprint->bytes.size()});
+      } else {
+        fps.Null();
+      }
+      leases.Int8(Millis(r.lease));
+    }
+    Op& op = ops[0];
+    op.statement = kBeginMany;
+    op.params.Bytes(scopes.view());
+    op.params.Bytes(keys.view());
+    op.params.Bytes(fps.view());
+    op.params.Bytes(leases.view());
+    op.params.Int8(Millis(now));
+    op.params.Int8(Millis(options_.abandoned_retention));
+    op.Order(kOrderFirst, {}, {});
+    op.alone = true;
+  }
+  for (std::size_t n = 0; n < single.size(); ++n) {
+    FillBegin(ops[lead + n], reqs[single[n]], now, options_.abandoned_retention);
+  }
+  Run(std::span<Op>(ops.get(), lead + single.size()));
+  if (set) {
+    const auto rows = RowsByOrdinal(ops[0], split.first.size(), /*all=*/true);
+    for (std::size_t n = 0; n < split.first.size(); ++n) {
+      answers[split.first[n]].emplace(rows ? BeginAnswerOf(ops[0].result.get(), (*rows)[n], 1)
+                                           : Result<BeginAnswer>(rows.error()));
+    }
+  }
+  for (std::size_t n = 0; n < single.size(); ++n) {
+    auto row = OneRow(ops[lead + n]);
+    answers[single[n]].emplace(row ? BeginAnswerOf(*row) : Result<BeginAnswer>(row.error()));
+  }
+  return Unwrap(std::move(answers));
+}
+
+// As BeginBatch: the set-based statement for the first request of each key, one statement for
+// each later one.
 std::vector<Result<WriteAnswer>> PostgresStore::CompleteBatch(
     std::span<const CompleteRequest> reqs) {
   const Timestamp now = clock_->Now();
-  return RunBatch<WriteAnswer>(
-      reqs,
-      [&](const CompleteRequest& r) { return core::CheckComplete(r, options_.max_key_bytes); },
-      [&](Op& op, const CompleteRequest& r) { FillComplete(op, r, now); },
-      [&](std::span<Op> ops) { Run(ops); }, [](Op& op) { return AffectedAnswer(op); });
+  std::vector<std::optional<Result<WriteAnswer>>> answers(reqs.size());
+  KeySplit split = SplitByKey(reqs, answers, [&](const CompleteRequest& r) {
+    return core::CheckComplete(r, options_.max_key_bytes);
+  });
+  const bool set = split.first.size() >= kSetBatchMin;
+  std::vector<std::size_t>& single = split.rest;
+  if (!set) {
+    single.insert(single.end(), split.first.begin(), split.first.end());
+    std::sort(single.begin(), single.end());
+  }
+  const std::size_t lead = set ? 1 : 0;
+  std::unique_ptr<Op[]> ops(new Op[lead + single.size()]);
+  ArrayParam scopes(kBytea), keys(kBytea), tokens(kInt8), outcomes(kInt2), responses(kBytea),
+      retentions(kInt8);
+  if (set) {
+    for (std::size_t k : split.first) {
+      const CompleteRequest& r = reqs[k];
+      scopes.Bytes(r.scope);
+      keys.Bytes(r.key);
+      tokens.Int8(TokenParam(r.token));
+      outcomes.Int2(OutcomeParam(r.outcome));
+      responses.Bytes(r.response);
+      retentions.Int8(Millis(r.retention));
+    }
+    Op& op = ops[0];
+    op.statement = kCompleteMany;
+    op.params.Bytes(scopes.view());
+    op.params.Bytes(keys.view());
+    op.params.Bytes(tokens.view());
+    op.params.Bytes(outcomes.view());
+    op.params.Bytes(responses.view());
+    op.params.Bytes(retentions.view());
+    op.params.Int8(Millis(now));
+    op.Order(kOrderFirst, {}, {});
+    op.alone = true;
+  }
+  for (std::size_t n = 0; n < single.size(); ++n) {
+    FillComplete(ops[lead + n], reqs[single[n]], now);
+  }
+  Run(std::span<Op>(ops.get(), lead + single.size()));
+  if (set) {
+    const auto rows = RowsByOrdinal(ops[0], split.first.size(), /*all=*/false);
+    for (std::size_t n = 0; n < split.first.size(); ++n) {
+      answers[split.first[n]].emplace(rows ? Result<WriteAnswer>((*rows)[n] >= 0
+                                                                     ? WriteAnswer::kApplied
+                                                                     : WriteAnswer::kLeaseLost)
+                                           : Result<WriteAnswer>(rows.error()));
+    }
+  }
+  for (std::size_t n = 0; n < single.size(); ++n) {
+    answers[single[n]].emplace(AffectedAnswer(ops[lead + n]));
+  }
+  return Unwrap(std::move(answers));
 }
 
 std::vector<Result<WriteAnswer>> PostgresStore::ExtendBatch(std::span<const ExtendRequest> reqs) {

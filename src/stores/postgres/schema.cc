@@ -466,6 +466,54 @@ SELECT b.* FROM {S}.begin_record($1, $2, $3, $4, $5, $6) b WHERE NOT EXISTS (SEL
         "UPDATE {S}.records SET state = 2, outcome = $4, response = $5, expires = $6 + $7 "
         "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 1 AND expires > $6",
         {kBytea, kBytea, kInt8, kInt2, kBytea, kInt8, kInt8}),
+      // A batch's begins in one statement: $1..$4 are arrays (scope, key, fingerprint or NULL,
+      // lease) of distinct keys. New keys are inserted in key order, each drawing its token just
+      // before its insert (the ordered subquery is not flattened); then begin_record decides
+      // each key that was there, in key order. One row per request: its ordinal, then the
+      // columns of begin_record.
+      s(kBeginMany, R"sql(
+WITH r AS (
+  SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[]) WITH ORDINALITY
+    AS r(scope, key, fp, lease, i)),
+ins AS (
+  INSERT INTO {S}.records AS x (scope, key, state, fingerprint, token, attempt, created,
+      lease_deadline, expires, outcome)
+  SELECT o.scope, o.key, 1, o.fp, nextval('{S}.tokens'), 1, $5, $5 + o.lease,
+      $5 + o.lease + $6, 0
+    FROM (SELECT * FROM r ORDER BY r.scope, r.key) o
+  ON CONFLICT (scope, key) DO NOTHING
+  RETURNING x.scope, x.key, x.token, x.lease_deadline),
+got AS MATERIALIZED (
+  SELECT r.i, 0::smallint, ins.token, 1::bigint, ins.lease_deadline, NULL::smallint,
+      NULL::bytea
+    FROM ins JOIN r ON r.scope = ins.scope AND r.key = ins.key)
+SELECT * FROM got
+UNION ALL
+SELECT o.i, b.*
+  FROM (SELECT * FROM r WHERE r.i NOT IN (SELECT g.i FROM got g) ORDER BY r.scope, r.key) o,
+    LATERAL {S}.begin_record(o.scope, o.key, o.fp, $5, o.lease, $6) b
+)sql",
+        {kByteaArray, kByteaArray, kByteaArray, kInt8Array, kInt8, kInt8}),
+      // A batch's completions in one statement: $1..$6 are arrays (scope, key, token, outcome,
+      // response, retention) of distinct keys. The rows it will change are locked first, in key
+      // order (LockRows runs above the sort), so the UPDATE then waits for nobody whatever join
+      // order the planner picks. Answers the ordinals applied; the others lost their lease.
+      s(kCompleteMany, R"sql(
+WITH u AS (
+  SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bigint[], $4::smallint[], $5::bytea[],
+      $6::bigint[]) WITH ORDINALITY AS u(scope, key, token, outcome, response, retention, i)),
+held AS MATERIALIZED (
+  SELECT u.* FROM {S}.records x JOIN u ON x.scope = u.scope AND x.key = u.key
+  WHERE x.token = u.token AND x.state = 1 AND x.expires > $7
+  ORDER BY x.scope, x.key FOR UPDATE OF x)
+UPDATE {S}.records x SET state = 2, outcome = h.outcome, response = h.response,
+    expires = $7 + h.retention
+  FROM held h
+  WHERE x.scope = h.scope AND x.key = h.key AND x.token = h.token AND x.state = 1
+    AND x.expires > $7
+  RETURNING h.i
+)sql",
+        {kByteaArray, kByteaArray, kInt8Array, kInt2Array, kByteaArray, kInt8Array, kInt8}),
       s(kCompleteInTransaction, "SELECT {S}.complete_in_transaction($1, $2, $3, $4, $5, $6, $7)",
         {kBytea, kBytea, kInt8, kInt2, kBytea, kInt8, kInt8}),
       s(kRelease,

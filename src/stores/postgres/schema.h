@@ -48,6 +48,8 @@ std::vector<Statement> Statements(std::string_view schema);
 // Prepared statement names.
 inline constexpr const char* kBegin = "idem_begin";
 inline constexpr const char* kComplete = "idem_complete";
+inline constexpr const char* kBeginMany = "idem_begin_many";
+inline constexpr const char* kCompleteMany = "idem_complete_many";
 inline constexpr const char* kCompleteInTransaction = "idem_complete_tx";
 inline constexpr const char* kRelease = "idem_release";
 inline constexpr const char* kExtend = "idem_extend";
