@@ -328,6 +328,45 @@ TEST_F(PostgresStoreTest, OverlappingBatchesInOtherOrdersAcquireEachKeyOnce) {
   for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(count[i], 1) << keys[i];
 }
 
+// Set-based batches (new keys first, then takeovers of lapsed ones) racing single calls (one
+// pass in key order) over the same keys: whatever waits for whom (PostgreSQL ends a deadlock,
+// and the group then runs each statement alone), every key is taken once and every other
+// answer is Busy, none an error.
+TEST_F(PostgresStoreTest, BatchesAndSingleCallsRacingOverNewAndLapsedKeysTakeEachKeyOnce) {
+  constexpr int kThreads = 8;
+  const std::vector<std::string> keys = Keys(120);
+  for (std::size_t i = 0; i < keys.size(); i += 2) {
+    ExpectAcquired(store_->Begin({.scope = "r", .key = keys[i], .lease = 500ms}));
+  }
+  clock_.Advance(1s);
+  std::vector<std::atomic<int>> taken(keys.size());
+  std::atomic<int> errors{0};
+  const auto count = [&](std::size_t i, const Result<BeginAnswer>& r) {
+    if (IsAcquired(r)) {
+      taken[i].fetch_add(1);
+    } else if (!r.has_value() || !std::holds_alternative<Busy>(*r)) {
+      errors.fetch_add(1);
+      ADD_FAILURE() << keys[i] << ": " << ::testing::PrintToString(r);
+    }
+  };
+  RunConcurrently(kThreads, [&](int t) {
+    std::vector<std::size_t> order(keys.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (t % 2 == 1) {
+      for (std::size_t i : order) count(i, store_->Begin({.scope = "r", .key = keys[i]}));
+      return;
+    }
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
+    std::vector<BeginRequest> reqs;
+    for (std::size_t i : order) reqs.push_back({.scope = "r", .key = keys[i]});
+    const auto got = store_->BeginBatch(reqs);
+    ASSERT_EQ(got.size(), reqs.size());
+    for (std::size_t j = 0; j < got.size(); ++j) count(order[j], got[j]);
+  });
+  EXPECT_EQ(errors.load(), 0);
+  for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(taken[i].load(), 1) << keys[i];
+}
+
 TEST_F(PostgresStoreTest, TwoStoresOnOneSchemaAcquireEachKeyOnce) {
   std::unique_ptr<Store> other = Open(options_);
   ASSERT_NE(other, nullptr);
