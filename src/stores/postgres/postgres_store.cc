@@ -415,8 +415,44 @@ Result<std::vector<int>> RowsByOrdinal(const Op& op, std::size_t count, bool all
   return row_of;
 }
 
-template <typename Answer>
-std::vector<Result<Answer>> Unwrap(std::vector<std::optional<Result<Answer>>> answers) {
+// A batch of enough distinct keys is one call that runs alone: the set-based statement (filled
+// by `fill_set` from the first request of each key, in key order) and then, in the same
+// transaction, one statement (`fill_one`) for each later request of a key already named,
+// decided in the batch's order after the first. Smaller batches are one statement per request.
+// `set_row` answers a first request from its row of the set-based result (-1: none; with
+// `every_row` each must have one); `one_answer` a request from its own statement.
+template <typename Answer, typename Req, typename Check, typename FillSet, typename FillOne,
+          typename SetRow, typename OneAnswer, typename Run>
+std::vector<Result<Answer>> RunKeyedBatch(std::span<const Req> reqs, Check check, FillSet fill_set,
+                                          bool every_row, SetRow set_row, FillOne fill_one,
+                                          OneAnswer one_answer, Run run) {
+  std::vector<std::optional<Result<Answer>>> answers(reqs.size());
+  KeySplit split = SplitByKey(reqs, answers, check);
+  const bool set = split.first.size() >= kSetBatchMin;
+  std::vector<std::size_t>& single = split.rest;
+  if (!set) {
+    single.insert(single.end(), split.first.begin(), split.first.end());
+    std::sort(single.begin(), single.end());
+  }
+  const std::size_t lead = set ? 1 : 0;
+  std::unique_ptr<Op[]> ops(new Op[lead + single.size()]);
+  if (set) {
+    fill_set(ops[0], std::span<const std::size_t>(split.first));
+    ops[0].Order(kOrderFirst, {}, {});
+    ops[0].alone = true;
+  }
+  for (std::size_t n = 0; n < single.size(); ++n) fill_one(ops[lead + n], reqs[single[n]]);
+  run(std::span<Op>(ops.get(), lead + single.size()));
+  if (set) {
+    const auto rows = RowsByOrdinal(ops[0], split.first.size(), every_row);
+    for (std::size_t n = 0; n < split.first.size(); ++n) {
+      answers[split.first[n]].emplace(rows ? set_row(ops[0], (*rows)[n])
+                                           : Result<Answer>(rows.error()));
+    }
+  }
+  for (std::size_t n = 0; n < single.size(); ++n) {
+    answers[single[n]].emplace(one_answer(ops[lead + n]));
+  }
   std::vector<Result<Answer>> out;
   out.reserve(answers.size());
   for (auto& a : answers) out.push_back(std::move(*a));
@@ -425,124 +461,76 @@ std::vector<Result<Answer>> Unwrap(std::vector<std::optional<Result<Answer>>> an
 
 }  // namespace
 
-// A batch of enough distinct keys is one call that runs alone: the set-based statement for the
-// first request of each key, then, in the same transaction, one statement for each later
-// request of a key already named (decided in the batch's order, after the first).
 std::vector<Result<BeginAnswer>> PostgresStore::BeginBatch(std::span<const BeginRequest> reqs) {
   const Timestamp now = clock_->Now();
-  std::vector<std::optional<Result<BeginAnswer>>> answers(reqs.size());
-  KeySplit split = SplitByKey(reqs, answers, [&](const BeginRequest& r) {
-    return core::CheckBegin(r, options_.max_key_bytes);
-  });
-  const bool set = split.first.size() >= kSetBatchMin;
-  std::vector<std::size_t>& single = split.rest;
-  if (!set) {
-    single.insert(single.end(), split.first.begin(), split.first.end());
-    std::sort(single.begin(), single.end());
-  }
-  const std::size_t lead = set ? 1 : 0;
-  std::unique_ptr<Op[]> ops(new Op[lead + single.size()]);
   ArrayParam scopes(kBytea), keys(kBytea), fps(kBytea), leases(kInt8);
-  if (set) {
-    for (std::size_t k : split.first) {
-      const BeginRequest& r = reqs[k];
-      scopes.Bytes(r.scope);
-      keys.Bytes(r.key);
-      if (r.fingerprint) {
-        fps.Bytes({reinterpret_cast<const char*>(r.fingerprint->bytes.data()),
-                   r.fingerprint->bytes.size()});
-      } else {
-        fps.Null();
-      }
-      leases.Int8(Millis(r.lease));
-    }
-    Op& op = ops[0];
-    op.statement = kBeginMany;
-    op.params.Bytes(scopes.view());
-    op.params.Bytes(keys.view());
-    op.params.Bytes(fps.view());
-    op.params.Bytes(leases.view());
-    op.params.Int8(Millis(now));
-    op.params.Int8(Millis(options_.abandoned_retention));
-    op.Order(kOrderFirst, {}, {});
-    op.alone = true;
-  }
-  for (std::size_t n = 0; n < single.size(); ++n) {
-    FillBegin(ops[lead + n], reqs[single[n]], now, options_.abandoned_retention);
-  }
-  Run(std::span<Op>(ops.get(), lead + single.size()));
-  if (set) {
-    const auto rows = RowsByOrdinal(ops[0], split.first.size(), /*all=*/true);
-    for (std::size_t n = 0; n < split.first.size(); ++n) {
-      answers[split.first[n]].emplace(rows ? BeginAnswerOf(ops[0].result.get(), (*rows)[n], 1)
-                                           : Result<BeginAnswer>(rows.error()));
-    }
-  }
-  for (std::size_t n = 0; n < single.size(); ++n) {
-    auto row = OneRow(ops[lead + n]);
-    answers[single[n]].emplace(row ? BeginAnswerOf(*row) : Result<BeginAnswer>(row.error()));
-  }
-  return Unwrap(std::move(answers));
+  return RunKeyedBatch<BeginAnswer>(
+      reqs, [&](const BeginRequest& r) { return core::CheckBegin(r, options_.max_key_bytes); },
+      [&](Op& op, std::span<const std::size_t> first) {
+        for (std::size_t k : first) {
+          const BeginRequest& r = reqs[k];
+          scopes.Bytes(r.scope);
+          keys.Bytes(r.key);
+          if (r.fingerprint) {
+            fps.Bytes({reinterpret_cast<const char*>(r.fingerprint->bytes.data()),
+                       r.fingerprint->bytes.size()});
+          } else {
+            fps.Null();
+          }
+          leases.Int8(Millis(r.lease));
+        }
+        op.statement = kBeginMany;
+        op.params.Bytes(scopes.view());
+        op.params.Bytes(keys.view());
+        op.params.Bytes(fps.view());
+        op.params.Bytes(leases.view());
+        op.params.Int8(Millis(now));
+        op.params.Int8(Millis(options_.abandoned_retention));
+      },
+      /*every_row=*/true,
+      [](const Op& op, int row) { return BeginAnswerOf(op.result.get(), row, 1); },
+      [&](Op& op, const BeginRequest& r) { FillBegin(op, r, now, options_.abandoned_retention); },
+      [](const Op& op) -> Result<BeginAnswer> {
+        auto row = OneRow(op);
+        if (!row) return row.error();
+        return BeginAnswerOf(*row);
+      },
+      [&](std::span<Op> ops) { Run(ops); });
 }
 
-// As BeginBatch: the set-based statement for the first request of each key, one statement for
-// each later one.
 std::vector<Result<WriteAnswer>> PostgresStore::CompleteBatch(
     std::span<const CompleteRequest> reqs) {
   const Timestamp now = clock_->Now();
-  std::vector<std::optional<Result<WriteAnswer>>> answers(reqs.size());
-  KeySplit split = SplitByKey(reqs, answers, [&](const CompleteRequest& r) {
-    return core::CheckComplete(r, options_.max_key_bytes);
-  });
-  const bool set = split.first.size() >= kSetBatchMin;
-  std::vector<std::size_t>& single = split.rest;
-  if (!set) {
-    single.insert(single.end(), split.first.begin(), split.first.end());
-    std::sort(single.begin(), single.end());
-  }
-  const std::size_t lead = set ? 1 : 0;
-  std::unique_ptr<Op[]> ops(new Op[lead + single.size()]);
   ArrayParam scopes(kBytea), keys(kBytea), tokens(kInt8), outcomes(kInt2), responses(kBytea),
       retentions(kInt8);
-  if (set) {
-    for (std::size_t k : split.first) {
-      const CompleteRequest& r = reqs[k];
-      scopes.Bytes(r.scope);
-      keys.Bytes(r.key);
-      tokens.Int8(TokenParam(r.token));
-      outcomes.Int2(OutcomeParam(r.outcome));
-      responses.Bytes(r.response);
-      retentions.Int8(Millis(r.retention));
-    }
-    Op& op = ops[0];
-    op.statement = kCompleteMany;
-    op.params.Bytes(scopes.view());
-    op.params.Bytes(keys.view());
-    op.params.Bytes(tokens.view());
-    op.params.Bytes(outcomes.view());
-    op.params.Bytes(responses.view());
-    op.params.Bytes(retentions.view());
-    op.params.Int8(Millis(now));
-    op.Order(kOrderFirst, {}, {});
-    op.alone = true;
-  }
-  for (std::size_t n = 0; n < single.size(); ++n) {
-    FillComplete(ops[lead + n], reqs[single[n]], now);
-  }
-  Run(std::span<Op>(ops.get(), lead + single.size()));
-  if (set) {
-    const auto rows = RowsByOrdinal(ops[0], split.first.size(), /*all=*/false);
-    for (std::size_t n = 0; n < split.first.size(); ++n) {
-      answers[split.first[n]].emplace(rows ? Result<WriteAnswer>((*rows)[n] >= 0
-                                                                     ? WriteAnswer::kApplied
-                                                                     : WriteAnswer::kLeaseLost)
-                                           : Result<WriteAnswer>(rows.error()));
-    }
-  }
-  for (std::size_t n = 0; n < single.size(); ++n) {
-    answers[single[n]].emplace(AffectedAnswer(ops[lead + n]));
-  }
-  return Unwrap(std::move(answers));
+  return RunKeyedBatch<WriteAnswer>(
+      reqs,
+      [&](const CompleteRequest& r) { return core::CheckComplete(r, options_.max_key_bytes); },
+      [&](Op& op, std::span<const std::size_t> first) {
+        for (std::size_t k : first) {
+          const CompleteRequest& r = reqs[k];
+          scopes.Bytes(r.scope);
+          keys.Bytes(r.key);
+          tokens.Int8(TokenParam(r.token));
+          outcomes.Int2(OutcomeParam(r.outcome));
+          responses.Bytes(r.response);
+          retentions.Int8(Millis(r.retention));
+        }
+        op.statement = kCompleteMany;
+        op.params.Bytes(scopes.view());
+        op.params.Bytes(keys.view());
+        op.params.Bytes(tokens.view());
+        op.params.Bytes(outcomes.view());
+        op.params.Bytes(responses.view());
+        op.params.Bytes(retentions.view());
+        op.params.Int8(Millis(now));
+      },
+      /*every_row=*/false,
+      [](const Op&, int row) -> Result<WriteAnswer> {
+        return row >= 0 ? WriteAnswer::kApplied : WriteAnswer::kLeaseLost;
+      },
+      [&](Op& op, const CompleteRequest& r) { FillComplete(op, r, now); },
+      [](const Op& op) { return AffectedAnswer(op); }, [&](std::span<Op> ops) { Run(ops); });
 }
 
 std::vector<Result<WriteAnswer>> PostgresStore::ExtendBatch(std::span<const ExtendRequest> reqs) {
