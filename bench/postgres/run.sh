@@ -6,13 +6,15 @@
 #
 #   bench/postgres/run.sh            # 3 rounds of 10 s per contender
 #   ROUNDS=5 SECONDS_PER_RUN=20 POOL_SIZE=4 bench/postgres/run.sh
+#   BATCH=8 bench/postgres/run.sh    # the batch row with 8 keys a batch (default 100)
+#   BUILD=/path bench/postgres/run.sh   # another build's binaries (bench/, src/cli/ below it)
 #
 # In one run, side by side on the same server:
 #   pgbench     -c 32 -j 2 -M prepared, a script doing, per key (32 hex digits), INSERT ... ON
 #               CONFLICT DO NOTHING and then an UPDATE storing a 100-byte response: two
 #               transactions per key, as a hand-written idempotency table would.
 #   idem        32 threads, each: Begin, then Complete with a 100-byte response (one key each).
-#   idem batch  32 threads, each: BeginBatch of 100 keys, then CompleteBatch of them.
+#   idem batch  32 threads, each: BeginBatch of BATCH (100) keys, then CompleteBatch of them.
 # in turn, ROUNDS times, and prints keys/s for each round, the medians and the ratios of the
 # medians to pgbench's (targets: >= 1.0x and >= 5x).
 set -euo pipefail
@@ -24,6 +26,7 @@ seconds=${SECONDS_PER_RUN:-10}
 rounds=${ROUNDS:-3}
 clients=${CLIENTS:-32}
 pool=${POOL_SIZE:-8}
+batch=${BATCH:-100}
 bench=$build/bench/postgres_store_bench
 [ -x "$bench" ] || { echo "run.sh: build $bench first (release preset)" >&2; exit 2; }
 
@@ -68,13 +71,13 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 # all of them alike; the medians are compared.
 echo "pgbench: -c $clients -j 2 -M prepared -T $seconds -f cycle.sql (INSERT ON CONFLICT DO NOTHING; UPDATE)"
 echo "idem:    $clients threads, Begin + Complete (pool_size $pool)"
-echo "batch:   $clients threads, BeginBatch + CompleteBatch of 100 (pool_size $pool)"
+echo "batch:   $clients threads, BeginBatch + CompleteBatch of $batch (pool_size $pool)"
 printf '%-6s %12s %12s %12s\n' round pgbench idem batch
 : >"$dir/rates"
 for r in $(seq 1 "$rounds"); do
   p=$(run_pgbench)
   i=$(run_idem --batch 0)
-  b=$(run_idem --batch 100)
+  b=$(run_idem --batch "$batch")
   printf '%-6s %12.0f %12.0f %12.0f\n' "$r" "$p" "$i" "$b"
   echo "$p $i $b" >>"$dir/rates"
 done
@@ -82,6 +85,6 @@ p=$(awk '{print $1}' "$dir/rates" | median)
 i=$(awk '{print $2}' "$dir/rates" | median)
 b=$(awk '{print $3}' "$dir/rates" | median)
 printf '%-6s %12.0f %12.0f %12.0f   keys/s\n' median "$p" "$i" "$b"
-awk -v p="$p" -v i="$i" -v b="$b" 'BEGIN {
+awk -v p="$p" -v i="$i" -v b="$b" -v n="$batch" 'BEGIN {
   printf "idem one call at a time  %.2fx pgbench (target >= 1.0x)\n", i / p
-  printf "idem batches of 100      %.2fx pgbench (target >= 5x)\n", b / p }'
+  printf "idem batches of %-8d %.2fx pgbench (target >= 5x at 100)\n", n, b / p }'

@@ -265,7 +265,9 @@ TEST_F(PostgresStoreTest, ABatchOfNewAndLapsedKeysWithRepeatsIsOneTransaction) {
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Acquired a = ExpectAcquired(got[i]);
     EXPECT_EQ(a.attempt, i < 10 ? 2u : 1u) << keys[i];
-    if (i < 10) EXPECT_GT(a.token, lapsed[i].token) << keys[i];
+    if (i < 10) {
+      EXPECT_GT(a.token, lapsed[i].token) << keys[i];
+    }
   }
   EXPECT_TRUE(got[20].has_value() && std::holds_alternative<Busy>(*got[20]));
   EXPECT_TRUE(got[21].has_value() && std::holds_alternative<Busy>(*got[21]));
