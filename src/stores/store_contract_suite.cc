@@ -771,47 +771,52 @@ TEST_P(StoreContractTest, ALargeBeginBatchWithRepeatsAnswersAsBeginsInTurn) {
   clock_.Advance(1s);
   const Timestamp t1 = clock_.Now();
 
-  std::vector<BeginRequest> reqs;
+  // Enough distinct keys for a set-based statement (the PostgreSQL store's starts at 32).
+  constexpr std::size_t kHalf = 20;
   std::vector<std::string> fresh;
-  for (int i = 0; i < 12; ++i) fresh.push_back("new" + std::to_string(i));
-  for (int i = 0; i < 6; ++i) reqs.push_back(BeginOf(fresh[static_cast<std::size_t>(i)]));
-  reqs.push_back(BeginOf("busy", kFpA));              // 6
-  reqs.push_back(BeginOf("replay"));                  // 7
-  reqs.push_back(BeginOf("conflict", kFpB));          // 8
-  reqs.push_back(BeginOf("lapsed"));                  // 9: a takeover
-  reqs.push_back(BeginOf("gone", kFpB));              // 10: expired, so new
-  reqs.push_back(BeginOf(""));                        // 11: invalid
-  reqs.push_back(BeginOf("new3", std::nullopt, 1h));  // 12: repeats a new key
-  reqs.push_back(BeginOf("lapsed"));                  // 13: repeats the takeover
-  reqs.push_back(BeginOf("gone", kFpA));              // 14: repeats with another fingerprint
-  for (int i = 6; i < 12; ++i) reqs.push_back(BeginOf(fresh[static_cast<std::size_t>(i)], kFpB));
-  reqs.push_back(BeginOf("new0"));  // 21
+  for (std::size_t i = 0; i < 2 * kHalf; ++i) fresh.push_back("new" + std::to_string(i));
+  std::vector<BeginRequest> reqs;
+  for (std::size_t i = 0; i < kHalf; ++i) reqs.push_back(BeginOf(fresh[i]));
+  const std::size_t m = reqs.size();
+  reqs.push_back(BeginOf("busy", kFpA));              // m
+  reqs.push_back(BeginOf("replay"));                  // m + 1
+  reqs.push_back(BeginOf("conflict", kFpB));          // m + 2
+  reqs.push_back(BeginOf("lapsed"));                  // m + 3: a takeover
+  reqs.push_back(BeginOf("gone", kFpB));              // m + 4: expired, so new
+  reqs.push_back(BeginOf(""));                        // m + 5: invalid
+  reqs.push_back(BeginOf("new3", std::nullopt, 1h));  // m + 6: repeats a new key
+  reqs.push_back(BeginOf("lapsed"));                  // m + 7: repeats the takeover
+  reqs.push_back(BeginOf("gone", kFpA));              // m + 8: repeats with another fingerprint
+  for (std::size_t i = kHalf; i < 2 * kHalf; ++i) reqs.push_back(BeginOf(fresh[i], kFpB));
+  reqs.push_back(BeginOf("new0"));  // last: repeats the first key
   const std::vector<Result<BeginAnswer>> got = store_->BeginBatch(reqs);
   ASSERT_THAT(got, SizeIs(reqs.size()));
 
   std::vector<Acquired> news;
-  for (const std::size_t i : std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 15, 16, 17, 18, 19, 20}) {
-    news.push_back(ExpectAcquired(got[i]));
+  for (std::size_t n = 0; n < 2 * kHalf; ++n) {
+    news.push_back(ExpectAcquired(got[n < kHalf ? n : m + 9 + (n - kHalf)]));
     EXPECT_EQ(news.back().attempt, 1u);
     EXPECT_THAT(news.back().lease_deadline, At(t1 + kLease));
   }
-  EXPECT_THAT(ExpectBusy(got[6]).lease_deadline, At(t0 + kLease));
-  EXPECT_THAT(ExpectReplay(got[7]), ReplayIs(Replay{Outcome::kSuccess, "stored", 1}));
-  ExpectConflict(got[8]);
-  const Acquired takeover = ExpectAcquired(got[9]);
+  EXPECT_THAT(ExpectBusy(got[m]).lease_deadline, At(t0 + kLease));
+  EXPECT_THAT(ExpectReplay(got[m + 1]), ReplayIs(Replay{Outcome::kSuccess, "stored", 1}));
+  ExpectConflict(got[m + 2]);
+  const Acquired takeover = ExpectAcquired(got[m + 3]);
   EXPECT_EQ(takeover.attempt, 2u);
   EXPECT_GT(takeover.token, lapsed.token);
-  const Acquired renewed = ExpectAcquired(got[10]);
+  const Acquired renewed = ExpectAcquired(got[m + 4]);
   EXPECT_EQ(renewed.attempt, 1u);
   EXPECT_GT(renewed.token, gone.token);
-  EXPECT_THAT(got[11], StatusIs(StatusCode::kInvalidArgument, HasSubstr("key is empty")));
-  EXPECT_THAT(ExpectBusy(got[12]).lease_deadline, At(t1 + kLease));
-  EXPECT_THAT(ExpectBusy(got[13]).lease_deadline, At(t1 + kLease));
-  ExpectConflict(got[14]);
-  EXPECT_THAT(ExpectBusy(got[21]).lease_deadline, At(t1 + kLease));
+  EXPECT_THAT(got[m + 5], StatusIs(StatusCode::kInvalidArgument, HasSubstr("key is empty")));
+  EXPECT_THAT(ExpectBusy(got[m + 6]).lease_deadline, At(t1 + kLease));
+  EXPECT_THAT(ExpectBusy(got[m + 7]).lease_deadline, At(t1 + kLease));
+  ExpectConflict(got[m + 8]);
+  EXPECT_THAT(ExpectBusy(got.back()).lease_deadline, At(t1 + kLease));
 
-  for (std::size_t n = 0; n < 6; ++n) ExpectStored(fresh[n], Held(fresh[n], news[n], t1));
-  for (std::size_t n = 6; n < 12; ++n) ExpectStored(fresh[n], Held(fresh[n], news[n], t1, kFpB));
+  for (std::size_t n = 0; n < kHalf; ++n) ExpectStored(fresh[n], Held(fresh[n], news[n], t1));
+  for (std::size_t n = kHalf; n < 2 * kHalf; ++n) {
+    ExpectStored(fresh[n], Held(fresh[n], news[n], t1, kFpB));
+  }
   ExpectStored("busy", Held("busy", busy, t0, kFpA));
   ExpectStored("lapsed", Held("lapsed", takeover, t0));
   ExpectStored("gone", Held("gone", renewed, t1, kFpB));
@@ -823,7 +828,7 @@ TEST_P(StoreContractTest, ALargeCompleteBatchWithRepeatsAnswersAsCompletesInTurn
   const Timestamp t0 = clock_.Now();
   std::vector<std::string> keys;
   std::vector<Acquired> held;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < 40; ++i) {  // enough for a set-based statement (PostgreSQL: 32)
     keys.push_back("k" + std::to_string(i));
     held.push_back(Acquire(keys.back()));
   }
@@ -837,20 +842,21 @@ TEST_P(StoreContractTest, ALargeCompleteBatchWithRepeatsAnswersAsCompletesInTurn
   std::vector<CompleteRequest> reqs;
   reqs.push_back(CompleteOf("k3", held[3].token + 1, "thief"));  // 0: wrong token first
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i != 3) reqs.push_back(CompleteOf(keys[i], held[i].token, responses[i]));  // 1..9
+    if (i != 3) reqs.push_back(CompleteOf(keys[i], held[i].token, responses[i]));  // 1..n-1
   }
-  reqs.push_back(CompleteOf("done", done.token, "again"));                         // 10
-  reqs.push_back(CompleteOf("absent", 1, "x"));                                    // 11
-  reqs.push_back(CompleteOf("k3", held[3].token, "R3", Outcome::kFailure, 1min));  // 12
-  reqs.push_back(CompleteOf("k4", held[4].token, "second"));                       // 13
+  const std::size_t n = keys.size();
+  reqs.push_back(CompleteOf("done", done.token, "again"));                         // n
+  reqs.push_back(CompleteOf("absent", 1, "x"));                                    // n + 1
+  reqs.push_back(CompleteOf("k3", held[3].token, "R3", Outcome::kFailure, 1min));  // n + 2
+  reqs.push_back(CompleteOf("k4", held[4].token, "second"));                       // n + 3
   const std::vector<Result<WriteAnswer>> got = store_->CompleteBatch(reqs);
   ASSERT_THAT(got, SizeIs(reqs.size()));
   EXPECT_THAT(got[0], IsLeaseLost());
-  for (std::size_t i = 1; i <= 9; ++i) EXPECT_THAT(got[i], IsApplied()) << i;
-  EXPECT_THAT(got[10], IsLeaseLost());
-  EXPECT_THAT(got[11], IsLeaseLost());
-  EXPECT_THAT(got[12], IsApplied());
-  EXPECT_THAT(got[13], IsLeaseLost());
+  for (std::size_t i = 1; i < n; ++i) EXPECT_THAT(got[i], IsApplied()) << i;
+  EXPECT_THAT(got[n], IsLeaseLost());
+  EXPECT_THAT(got[n + 1], IsLeaseLost());
+  EXPECT_THAT(got[n + 2], IsApplied());
+  EXPECT_THAT(got[n + 3], IsLeaseLost());
 
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (i == 3) continue;

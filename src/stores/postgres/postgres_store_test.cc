@@ -250,27 +250,27 @@ TEST_F(PostgresStoreTest, ABatchIsOneTransaction) {
 // A batch's distinct keys go as one set-based statement and its repeats as single statements
 // after it, all in one transaction (one round trip): new keys, lapsed ones taken over, repeats.
 TEST_F(PostgresStoreTest, ABatchOfNewAndLapsedKeysWithRepeatsIsOneTransaction) {
-  const std::vector<std::string> keys = Keys(20);
+  const std::vector<std::string> keys = Keys(40);  // a set-based statement takes 32 or more
   std::vector<Acquired> lapsed;
-  for (std::size_t i = 0; i < 10; ++i) {
+  for (std::size_t i = 0; i < 20; ++i) {
     lapsed.push_back(ExpectAcquired(store_->Begin({.scope = "m", .key = keys[i], .lease = 500ms})));
   }
   clock_.Advance(1s);
   std::vector<BeginRequest> begins;
   for (const std::string& k : keys) begins.push_back({.scope = "m", .key = k});
   begins.push_back({.scope = "m", .key = keys[0]});
-  begins.push_back({.scope = "m", .key = keys[15]});
+  begins.push_back({.scope = "m", .key = keys[25]});
   const auto got = store_->BeginBatch(begins);
   ASSERT_EQ(got.size(), begins.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Acquired a = ExpectAcquired(got[i]);
-    EXPECT_EQ(a.attempt, i < 10 ? 2u : 1u) << keys[i];
-    if (i < 10) {
+    EXPECT_EQ(a.attempt, i < 20 ? 2u : 1u) << keys[i];
+    if (i < 20) {
       EXPECT_GT(a.token, lapsed[i].token) << keys[i];
     }
   }
-  EXPECT_TRUE(got[20].has_value() && std::holds_alternative<Busy>(*got[20]));
-  EXPECT_TRUE(got[21].has_value() && std::holds_alternative<Busy>(*got[21]));
+  EXPECT_TRUE(got[40].has_value() && std::holds_alternative<Busy>(*got[40]));
+  EXPECT_TRUE(got[41].has_value() && std::holds_alternative<Busy>(*got[41]));
   EXPECT_EQ(Value("SELECT count(DISTINCT xmin::text) FROM " + Table("records")), "1");
 }
 
