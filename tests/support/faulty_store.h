@@ -56,6 +56,10 @@ class FaultyStore : public Store {
   Result<std::optional<EntityVersion>> GetVersion(std::string_view scope,
                                                   std::string_view entity) override;
 
+ protected:
+  // The store calls are forwarded to.
+  Store& inner() const { return inner_; }
+
  private:
   bool Refuse(Op op);
   Store& inner_;

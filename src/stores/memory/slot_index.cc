@@ -27,12 +27,10 @@ std::size_t PageRounded(std::size_t bytes) {
 }
 
 // A new table is written all over at once (a growth moves every entry into it, half of its
-// slots). Faulting its pages in with one call first is cheaper than a fault per page; and a
-// probe reads a slot before it writes one, so a page faulted by that read maps the zero page,
-// and the write then faults again and flushes the other cores' TLBs. Advisory: where it fails
-// the pages fault in as they are touched.
-void Populate(void* p, std::size_t bytes) { PopulateForWrite(static_cast<char*>(p), bytes); }
-
+// slots). Faulting its pages in with one call (PopulateForWrite) is cheaper than a fault per
+// page; and a probe reads a slot before it writes one, so a page faulted by that read maps the
+// zero page, and the write then faults again and flushes the other cores' TLBs. Advisory: where
+// it fails the pages fault in as they are touched.
 void* AllocateZeroed(std::size_t bytes) {
   if (bytes < kMappedBytes) {
     const std::size_t rounded = (bytes + 63) / 64 * 64;
@@ -45,7 +43,7 @@ void* AllocateZeroed(std::size_t bytes) {
   if (bytes < kHugePageBytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
-    Populate(p, bytes);
+    PopulateForWrite(static_cast<char*>(p), bytes);
     return p;
   }
   // Over-map by one huge page, then trim, so the block starts on a 2 MiB boundary.
@@ -62,7 +60,7 @@ void* AllocateZeroed(std::size_t bytes) {
   // Advisory: without transparent huge pages the table still works with small pages.
   madvise(p, bytes, MADV_HUGEPAGE);
 #endif
-  Populate(p, bytes);
+  PopulateForWrite(static_cast<char*>(p), bytes);
   return p;
 }
 

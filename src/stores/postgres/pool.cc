@@ -96,11 +96,15 @@ void GroupCommitter::Execute(std::unique_ptr<Connection>& conn, std::span<Call* 
       ops.push_back(&op);
     }
   }
-  std::stable_sort(ops.begin(), ops.end(), [](const Op* a, const Op* b) {
-    if (a->order_class != b->order_class) return a->order_class < b->order_class;
-    if (a->order_a != b->order_a) return a->order_a < b->order_a;
-    return a->order_b < b->order_b;
-  });
+  // A call that runs alone keeps its own order: its statements wait for no other transaction's
+  // rows in an order sorting could fix.
+  if (!(calls.size() == 1 && calls.front()->alone)) {
+    std::stable_sort(ops.begin(), ops.end(), [](const Op* a, const Op* b) {
+      if (a->order_class != b->order_class) return a->order_class < b->order_class;
+      if (a->order_a != b->order_a) return a->order_a < b->order_a;
+      return a->order_b < b->order_b;
+    });
+  }
   const auto fail_all = [&](const Status& s) {
     for (Op* op : ops) {
       op->result.reset();

@@ -44,7 +44,8 @@ struct Op {
   std::string_view order_a;
   std::string_view order_b;
   // The statement locks many rows (a set-based batch), in its own order: its call runs in a
-  // transaction of its own, since sorting it among other statements cannot order its rows.
+  // transaction of its own, since sorting it among other statements cannot order its rows, and
+  // its statements run in the call's order.
   bool alone = false;
 
   // Answered: exactly one of these.
@@ -68,8 +69,8 @@ class GroupCommitter {
   GroupCommitter& operator=(const GroupCommitter&) = delete;
 
   // Runs `ops` (with other callers' statements, unless one of them is `alone`) and returns when
-  // each is answered. They commit
-  // together or not at all; when one fails, the others are run again, each on its own.
+  // each is answered. They commit together or not at all; when one fails, the others are run
+  // again, each on its own.
   void Run(std::span<Op> ops);
 
  private:
