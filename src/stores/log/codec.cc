@@ -5,26 +5,48 @@
 namespace idem::log {
 namespace {
 
-void PutVarint(std::string* out, std::uint64_t v) {
-  char buf[10];
-  int n = 0;
-  while (v >= 0x80) {
-    buf[n++] = static_cast<char>((v & 0x7F) | 0x80);
-    v >>= 7;
+// Writes an entry's bytes through a pointer into room made once (the most the entry can take),
+// then gives back what it did not use: one size check for the entry, not one per field (the
+// appends were the encoder's largest cost, on every change the log store records).
+class Out {
+ public:
+  Out(std::string* s, std::size_t most) : s_(s), at_(s->size()) {
+    s->resize(at_ + most);
+    p_ = s->data() + at_;
   }
-  buf[n++] = static_cast<char>(v);
-  out->append(buf, static_cast<std::size_t>(n));
-}
+  Out(const Out&) = delete;
+  Out& operator=(const Out&) = delete;
+  ~Out() { s_->resize(static_cast<std::size_t>(p_ - s_->data())); }
 
-// Times are stored as signed offsets: zigzag keeps small negatives small.
-void PutSigned(std::string* out, std::int64_t v) {
-  PutVarint(out, (static_cast<std::uint64_t>(v) << 1) ^ static_cast<std::uint64_t>(v >> 63));
-}
+  void Byte(std::uint8_t b) { *p_++ = static_cast<char>(b); }
+  void Varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      *p_++ = static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    *p_++ = static_cast<char>(v);
+  }
+  // Times are stored as signed offsets: zigzag keeps small negatives small.
+  void Signed(std::int64_t v) {
+    Varint((static_cast<std::uint64_t>(v) << 1) ^ static_cast<std::uint64_t>(v >> 63));
+  }
+  void Raw(const void* data, std::size_t n) {
+    if (n == 0) return;
+    std::memcpy(p_, data, n);
+    p_ += n;
+  }
+  void Bytes(std::string_view b) {
+    Varint(b.size());
+    Raw(b.data(), b.size());
+  }
 
-void PutBytes(std::string* out, std::string_view s) {
-  PutVarint(out, s.size());
-  out->append(s);
-}
+ private:
+  std::string* s_;
+  std::size_t at_;
+  char* p_;
+};
+
+constexpr std::size_t kMaxVarint = 10;
 
 std::int64_t Ms(Timestamp t) { return t.time_since_epoch().count(); }
 Timestamp AtMs(std::int64_t ms) { return Timestamp(std::chrono::milliseconds(ms)); }
@@ -85,19 +107,20 @@ class Reader {
 
 // Record layout: flags(state, outcome, has fp) created lease-created expires-created token
 // attempt [fp] response.
-void PutRecord(std::string* out, const Entry& e) {
+// At most 1 + 5 * kMaxVarint + 32 + kMaxVarint bytes and the response.
+void PutRecord(Out& out, const Entry& e) {
   const core::RecordHead& r = e.record;
   auto flags =
       static_cast<std::uint8_t>((r.state == RecordState::kCompleted ? 1 : 0) |
                                 (r.outcome == Outcome::kFailure ? 2 : 0) | (e.fingerprint ? 4 : 0));
-  out->push_back(static_cast<char>(flags));
-  PutSigned(out, Ms(r.created));
-  PutSigned(out, Ms(r.lease_deadline) - Ms(r.created));
-  PutSigned(out, Ms(r.expires) - Ms(r.created));
-  PutVarint(out, r.token);
-  PutVarint(out, r.attempt);
-  if (e.fingerprint) out->append(reinterpret_cast<const char*>(e.fingerprint->bytes.data()), 32);
-  PutBytes(out, e.response);
+  out.Byte(flags);
+  out.Signed(Ms(r.created));
+  out.Signed(Ms(r.lease_deadline) - Ms(r.created));
+  out.Signed(Ms(r.expires) - Ms(r.created));
+  out.Varint(r.token);
+  out.Varint(r.attempt);
+  if (e.fingerprint) out.Raw(e.fingerprint->bytes.data(), 32);
+  out.Bytes(e.response);
 }
 
 bool GetRecord(Reader& in, Entry* e) {
@@ -130,36 +153,40 @@ bool GetRecord(Reader& in, Entry* e) {
 }  // namespace
 
 void EncodeEntry(const Entry& e, std::string* out) {
+  // Scope and name with their lengths, then the most any type adds: a record after a seq
+  // (1 + 7 varints + a fingerprint) and its response.
+  Out o(out, 2 * kMaxVarint + e.scope.size() + e.name.size() + 1 + 7 * kMaxVarint + 32 +
+                 e.response.size());
   if (e.type == EntryType::kTokenFloor) {
-    PutVarint(out, e.token_floor);
+    o.Varint(e.token_floor);
     return;
   }
-  PutBytes(out, e.scope);
-  PutBytes(out, e.name);
+  o.Bytes(e.scope);
+  o.Bytes(e.name);
   switch (e.type) {
     case EntryType::kRecordPut:
-      PutRecord(out, e);
+      PutRecord(o, e);
       break;
     case EntryType::kSeqPut:
-      PutVarint(out, e.seq);
-      PutRecord(out, e);
+      o.Varint(e.seq);
+      PutRecord(o, e);
       break;
     case EntryType::kSeqDelete:
-      PutVarint(out, e.seq);
+      o.Varint(e.seq);
       break;
     case EntryType::kSessionPut:
-      PutVarint(out, e.session.low_water);
-      PutVarint(out, e.session.window);
-      PutSigned(out, e.session.ttl.count());
-      PutSigned(out, Ms(e.session.expires));
+      o.Varint(e.session.low_water);
+      o.Varint(e.session.window);
+      o.Signed(e.session.ttl.count());
+      o.Signed(Ms(e.session.expires));
       break;
     case EntryType::kEntityPut:
-      PutVarint(out, e.entity.applied);
-      PutVarint(out, e.entity.in_progress);
-      PutVarint(out, e.entity.token);
-      PutVarint(out, e.entity.attempt);
-      PutSigned(out, Ms(e.entity.lease_deadline));
-      PutSigned(out, Ms(e.entity.expires));
+      o.Varint(e.entity.applied);
+      o.Varint(e.entity.in_progress);
+      o.Varint(e.entity.token);
+      o.Varint(e.entity.attempt);
+      o.Signed(Ms(e.entity.lease_deadline));
+      o.Signed(Ms(e.entity.expires));
       break;
     case EntryType::kRecordDelete:
     case EntryType::kSessionDelete:
