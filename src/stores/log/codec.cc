@@ -1,25 +1,36 @@
 #include "stores/log/codec.h"
 
+#include <cstddef>
 #include <cstring>
 
 namespace idem::log {
 namespace {
 
+constexpr std::size_t kMaxVarint = 10;
+
 // Writes an entry's bytes through a pointer into room made once (the most the entry can take),
-// then gives back what it did not use: one size check for the entry, not one per field (the
-// appends were the encoder's largest cost, on every change the log store records).
+// then gives back what it did not use: one resize for the entry, not an append per field (the
+// appends were the encoder's largest cost, on every change the log store records). Running past
+// the room is a bug in the bound EncodeEntry computed: checked, it stops the process before a
+// byte lands outside the string.
 class Out {
  public:
-  Out(std::string* s, std::size_t most) : s_(s), at_(s->size()) {
-    s->resize(at_ + most);
-    p_ = s->data() + at_;
+  Out(std::string* s, std::size_t most) : s_(s) {
+    const std::size_t at = s->size();
+    s->resize(at + most);
+    p_ = s->data() + at;
+    end_ = s->data() + s->size();
   }
   Out(const Out&) = delete;
   Out& operator=(const Out&) = delete;
   ~Out() { s_->resize(static_cast<std::size_t>(p_ - s_->data())); }
 
-  void Byte(std::uint8_t b) { *p_++ = static_cast<char>(b); }
+  void Byte(std::uint8_t b) {
+    IDEM_CHECK(p_ < end_);
+    *p_++ = static_cast<char>(b);
+  }
   void Varint(std::uint64_t v) {
+    IDEM_CHECK(end_ - p_ >= static_cast<std::ptrdiff_t>(kMaxVarint));
     while (v >= 0x80) {
       *p_++ = static_cast<char>((v & 0x7F) | 0x80);
       v >>= 7;
@@ -32,6 +43,7 @@ class Out {
   }
   void Raw(const void* data, std::size_t n) {
     if (n == 0) return;
+    IDEM_CHECK(static_cast<std::size_t>(end_ - p_) >= n);
     std::memcpy(p_, data, n);
     p_ += n;
   }
@@ -42,11 +54,9 @@ class Out {
 
  private:
   std::string* s_;
-  std::size_t at_;
   char* p_;
+  char* end_;
 };
-
-constexpr std::size_t kMaxVarint = 10;
 
 std::int64_t Ms(Timestamp t) { return t.time_since_epoch().count(); }
 Timestamp AtMs(std::int64_t ms) { return Timestamp(std::chrono::milliseconds(ms)); }
