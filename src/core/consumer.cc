@@ -52,6 +52,8 @@ Status Broker::Touch(std::span<const BrokerMessage* const>) { return OkStatus();
 
 Status Broker::Settle() { return OkStatus(); }
 
+void Broker::Recycle(std::vector<BrokerMessage>) {}
+
 namespace {
 
 // The consumer's own counters, next to the standard idem_* metrics of its scope.
@@ -199,6 +201,18 @@ struct Round {
   bool broker_failed = false;
   std::chrono::milliseconds handback_delay{0};
 };
+
+// A finished Round's messages go back to the broker they came from (Broker::Recycle), which
+// may fill its next batches with them. Rounds are finished in the order they were polled, and
+// a Round's messages are referred to only by it and by the Rounds polled before it.
+struct RecycleRound {
+  Broker* broker = nullptr;
+  void operator()(Round* r) const {
+    if (broker != nullptr && !r->batch.empty()) broker->Recycle(std::move(r->batch));
+    delete r;
+  }
+};
+using RoundPtr = std::unique_ptr<Round, RecycleRound>;
 
 }  // namespace
 
@@ -523,14 +537,14 @@ struct Consumer::Impl {
   // ---- one round ----
 
   // Polls a batch, or nullptr when nothing came.
-  Result<std::unique_ptr<Round>> PollRound(milliseconds wait) {
+  Result<RoundPtr> PollRound(milliseconds wait) {
     auto polled = broker.Poll(options.batch_size, wait);
     if (!polled) {
       Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
       return polled.error();
     }
-    if (polled->empty()) return std::unique_ptr<Round>();
-    auto round = std::make_unique<Round>();
+    if (polled->empty()) return RoundPtr(nullptr, RecycleRound{&broker});
+    RoundPtr round(new Round, RecycleRound{&broker});
     round->batch = std::move(*polled);
     Count(&ConsumerCounts::received, &ConsumerMetrics::received, round->batch.size());
     if (own) own->batches->Inc();
@@ -910,9 +924,11 @@ struct Consumer::Impl {
   // While something is in flight, poll briefly: nothing there means "finish it now".
   static constexpr milliseconds kInFlightPollWait{10};
 
-  std::unique_ptr<Round> tail;   // handlers ran; its completions are in the store batch
-  std::unique_ptr<Round> ahead;  // its begins are in the store batch; handlers not run yet
-  Timestamp ahead_begun;         // when its begins were sent: its leases run from then
+  // tail: its handlers ran; its completions are in the store batch.
+  // ahead: its begins are in the store batch; its handlers have not run yet.
+  RoundPtr tail{nullptr, RecycleRound{&broker}};
+  RoundPtr ahead{nullptr, RecycleRound{&broker}};
+  Timestamp ahead_begun;  // when its begins were sent: its leases run from then
   // While `ahead` runs: the batch just polled, begun once `ahead` has run (TouchOpen).
   Round* polled_behind = nullptr;
 
@@ -1038,7 +1054,7 @@ struct Consumer::Impl {
       return std::size_t{0};
     }
     Round& r = **polled;
-    std::unique_ptr<Round> finished = Advance(&r);
+    RoundPtr finished = Advance(&r);
     // What of this batch was not handed back is begun, with the completions of the batch that
     // just ran; the finished batch is acknowledged while they are on their way.
     std::vector<BeginRequest> requests = Requests(r);
@@ -1058,8 +1074,8 @@ struct Consumer::Impl {
   // Takes the store batch's answers, decides what of the tail is acknowledged and what goes
   // back (with it, what of `ahead` and `next` follows what goes back), and runs `ahead`'s
   // handlers. Returns the tail, for Acknowledge.
-  std::unique_ptr<Round> Advance(Round* next) {
-    if (!tail && !ahead) return nullptr;
+  RoundPtr Advance(Round* next) {
+    if (!tail && !ahead) return RoundPtr(nullptr, RecycleRound{&broker});
     std::chrono::nanoseconds took{0};
     BatchAnswers answers = Await(took);
     // The keys `ahead` holds are known before the tail decides what goes back, so that what of
@@ -1083,7 +1099,7 @@ struct Consumer::Impl {
   // Runs, completes and acknowledges everything in flight.
   Status FinishInFlight() {
     Status status;
-    if (std::unique_ptr<Round> finished = Advance(nullptr)) status = Acknowledge(*finished);
+    if (RoundPtr finished = Advance(nullptr)) status = Acknowledge(*finished);
     if (ahead) {
       Send({}, CompletionRequests(*ahead));
       std::chrono::nanoseconds took{0};

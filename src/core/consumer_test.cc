@@ -509,6 +509,33 @@ TEST_P(ConsumerTest, BusyPastTheBoundHandsBackTheRestOfThePartitionOnly) {
   EXPECT_FALSE(rec->has_value());
 }
 
+// Every delivery the consumer polled goes back to the broker (Broker::Recycle, so an adapter
+// may reuse its storage) exactly once, and only after it was acknowledged or handed back:
+// pipelined, a batch's messages stay referred to by the batches polled after it until it is
+// finished.
+TEST_P(ConsumerTest, EveryPolledMessageIsRecycledOnceAfterItWasSettled) {
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(60'000)});
+  ASSERT_TRUE(held.has_value());
+  broker_.PublishKeyed("p0", "k");  // busy past the bound: handed back with what follows it
+  broker_.PublishKeyed("p0", "after-k");
+  for (int i = 0; i < 20; ++i) broker_.PublishKeyed("p1", "m" + std::to_string(i % 15));
+  auto options = Options();
+  options.batch_size = 4;
+  options.busy_timeout = milliseconds(2'000);
+  Consumer consumer(*store_, broker_, Recording(), options);
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(consumer.RunOnce().has_value());
+  ASSERT_TRUE(consumer.Flush().ok());
+  EXPECT_FALSE(broker_.RecycledUnsettled());
+  EXPECT_GT(broker_.Redelivered(), 0u);
+  std::vector<std::uint64_t> polled = broker_.PolledHandles();
+  std::vector<std::uint64_t> recycled = broker_.RecycledHandles();
+  EXPECT_GT(polled.size(), 22u);  // k and after-k came more than once
+  std::sort(polled.begin(), polled.end());
+  std::sort(recycled.begin(), recycled.end());
+  EXPECT_EQ(recycled, polled);
+  EXPECT_EQ(broker_.Acknowledged().size(), 20u);
+}
+
 TEST_P(ConsumerTest, DeadLetterPublishFailureHandsBackAndReleases) {
   broker_.PublishKeyed("p0", "perm");
   broker_.PublishKeyed("p0", "next");

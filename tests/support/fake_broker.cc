@@ -66,6 +66,8 @@ Result<std::vector<BrokerMessage>> FakeBroker::Poll(std::size_t max, std::chrono
       if (q.empty() || out.size() >= max) continue;
       out.push_back(std::move(q.front()));
       q.pop_front();
+      out.back().handle = next_handle_++;  // this delivery's
+      polled_.push_back(out.back().handle);
       more = true;
     }
   }
@@ -80,7 +82,10 @@ Status FakeBroker::Acknowledge(std::span<const BrokerMessage* const> messages) {
   }
   if (hook) hook();
   std::lock_guard lock(mu_);
-  for (const BrokerMessage* m : messages) acknowledged_.push_back(*m);
+  for (const BrokerMessage* m : messages) {
+    acknowledged_.push_back(*m);
+    settled_.insert(m->handle);
+  }
   return OkStatus();
 }
 
@@ -89,6 +94,7 @@ Status FakeBroker::Redeliver(std::span<const BrokerMessage* const> messages,
   std::lock_guard lock(mu_);
   redeliver_delays_.push_back(delay);
   for (auto it = messages.rbegin(); it != messages.rend(); ++it) {
+    settled_.insert((*it)->handle);
     BrokerMessage m = **it;
     ++m.deliveries;
     queues_[m.partition].push_front(std::move(m));
@@ -110,6 +116,29 @@ Status FakeBroker::Touch(std::span<const BrokerMessage* const> messages) {
   std::vector<std::string>& call = touch_calls_.emplace_back();
   for (const BrokerMessage* m : messages) call.push_back(m->partition + ":" + m->position);
   return OkStatus();
+}
+
+void FakeBroker::Recycle(std::vector<BrokerMessage> batch) {
+  std::lock_guard lock(mu_);
+  for (const BrokerMessage& m : batch) {
+    recycled_.push_back(m.handle);
+    if (!settled_.contains(m.handle)) recycled_unsettled_ = true;
+  }
+}
+
+std::vector<std::uint64_t> FakeBroker::PolledHandles() const {
+  std::lock_guard lock(mu_);
+  return polled_;
+}
+
+std::vector<std::uint64_t> FakeBroker::RecycledHandles() const {
+  std::lock_guard lock(mu_);
+  return recycled_;
+}
+
+bool FakeBroker::RecycledUnsettled() const {
+  std::lock_guard lock(mu_);
+  return recycled_unsettled_;
 }
 
 }  // namespace idem::testing

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,12 @@ class FakeBroker : public Broker {
   std::size_t Touched() const;
   // "partition:position" of the messages each Touch call named, in order.
   std::vector<std::vector<std::string>> TouchCalls() const;
+  // Every delivery (a message as one Poll returned it) gets a handle of its own. The handles
+  // Poll returned and those the consumer gave back with Recycle, in order; and whether a
+  // delivery was recycled before the consumer had acknowledged it or handed it back.
+  std::vector<std::uint64_t> PolledHandles() const;
+  std::vector<std::uint64_t> RecycledHandles() const;
+  bool RecycledUnsettled() const;
 
   std::string_view Name() const override { return "fake"; }
   Result<std::vector<BrokerMessage>> Poll(std::size_t max, std::chrono::milliseconds wait) override;
@@ -69,6 +76,7 @@ class FakeBroker : public Broker {
                    std::chrono::milliseconds delay) override;
   Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override;
   Status Touch(std::span<const BrokerMessage* const> messages) override;
+  void Recycle(std::vector<BrokerMessage> batch) override;
   Status Health() override { return OkStatus(); }
 
  private:
@@ -85,6 +93,10 @@ class FakeBroker : public Broker {
   std::vector<std::chrono::milliseconds> redeliver_delays_;
   std::size_t touched_ = 0;
   std::vector<std::vector<std::string>> touch_calls_;
+  std::vector<std::uint64_t> polled_;
+  std::vector<std::uint64_t> recycled_;
+  std::set<std::uint64_t> settled_;  // deliveries acknowledged or handed back
+  bool recycled_unsettled_ = false;
 };
 
 }  // namespace idem::testing

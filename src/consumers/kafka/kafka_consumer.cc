@@ -107,6 +107,7 @@ class KafkaBroker final : public Broker {
   Result<std::vector<BrokerMessage>> Poll(std::size_t max, std::chrono::milliseconds wait) override;
   Status Acknowledge(std::span<const BrokerMessage* const> messages) override;
   Status Settle() override;
+  void Recycle(std::vector<BrokerMessage> batch) override;
   Status Redeliver(std::span<const BrokerMessage* const> messages,
                    std::chrono::milliseconds delay) override;
   Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override;
@@ -181,6 +182,10 @@ class KafkaBroker final : public Broker {
   Status commit_error_;  // a failed commit whose answer Poll or a rebalance took: reported next
   Status deferred_;      // an error seen after a Poll had messages: the next Poll returns it
   std::vector<rd_kafka_message_t*> drain_;
+  // Messages the consumer is done with (Recycle), filled in again by Take: their strings keep
+  // their storage, so a message of a usual size allocates nothing. At most kSpareMessages.
+  std::vector<BrokerMessage> spare_;
+  static constexpr std::size_t kSpareMessages = 4096;
 };
 
 Status KafkaBroker::Open() {
@@ -415,13 +420,22 @@ Status KafkaBroker::Take(rd_kafka_message_t* message, std::vector<BrokerMessage>
   // Not (or no longer) assigned, or paused by Redeliver: it will be fetched again.
   if (state == nullptr || state->paused) return {};
 
-  BrokerMessage& m = out.emplace_back();
+  if (spare_.empty()) {
+    out.emplace_back();
+  } else {
+    out.push_back(std::move(spare_.back()));
+    spare_.pop_back();
+  }
+  BrokerMessage& m = out.back();
   m.partition = state->name;
   m.position = std::to_string(message->offset);
   if (message->payload != nullptr) {
     m.payload.assign(static_cast<const char*>(message->payload), message->len);
+  } else {
+    m.payload.clear();
   }
-  m.headers = internal::CopyHeaders(message);
+  internal::CopyHeadersInto(message, m.headers);
+  m.deliveries = 1;
   m.handle = state->id;
   if (!state->handbacks.empty()) {
     auto it = state->handbacks.find(message->offset);
@@ -559,6 +573,13 @@ Status KafkaBroker::CommitPending() {
 
 void KafkaBroker::TakeCommitAnswer(std::chrono::milliseconds wait) {
   if (Status s = AwaitCommit(wait); !s.ok() && commit_error_.ok()) commit_error_ = std::move(s);
+}
+
+void KafkaBroker::Recycle(std::vector<BrokerMessage> batch) {
+  for (BrokerMessage& m : batch) {
+    if (spare_.size() >= kSpareMessages) break;
+    spare_.push_back(std::move(m));
+  }
 }
 
 Status KafkaBroker::Settle() {

@@ -41,19 +41,29 @@ Result<Handle> NewHandle(rd_kafka_type_t type, Conf conf) {
 
 Headers CopyHeaders(const rd_kafka_message_t* message) {
   Headers out;
-  rd_kafka_headers_t* headers = nullptr;  // owned by the message
-  if (rd_kafka_message_headers(message, &headers) != RD_KAFKA_RESP_ERR_NO_ERROR) return out;
-  out.reserve(rd_kafka_header_cnt(headers));
-  const char* name = nullptr;
-  const void* value = nullptr;
-  size_t size = 0;
-  for (size_t i = 0;
-       rd_kafka_header_get_all(headers, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
-       ++i) {
-    out.emplace_back(name, value == nullptr ? std::string()
-                                            : std::string(static_cast<const char*>(value), size));
-  }
+  CopyHeadersInto(message, out);
   return out;
+}
+
+void CopyHeadersInto(const rd_kafka_message_t* message, Headers& out) {
+  std::size_t n = 0;
+  rd_kafka_headers_t* headers = nullptr;  // owned by the message
+  if (rd_kafka_message_headers(message, &headers) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    const char* name = nullptr;
+    const void* value = nullptr;
+    size_t size = 0;
+    for (; rd_kafka_header_get_all(headers, n, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
+         ++n) {
+      if (n == out.size()) out.emplace_back();
+      out[n].first.assign(name);
+      if (value == nullptr) {
+        out[n].second.clear();
+      } else {
+        out[n].second.assign(static_cast<const char*>(value), size);
+      }
+    }
+  }
+  out.resize(n);
 }
 
 HeaderList NewHeaderList(const Headers& headers) {

@@ -65,6 +65,8 @@ Result<Handle> NewHandle(rd_kafka_type_t type, Conf conf);
 
 // The message's headers, in order (a header without a value has an empty one).
 Headers CopyHeaders(const rd_kafka_message_t* message);
+// The same into `out`, whose strings' storage is used again where it is large enough.
+void CopyHeadersInto(const rd_kafka_message_t* message, Headers& out);
 HeaderList NewHeaderList(const Headers& headers);
 
 int TimeoutMs(std::chrono::milliseconds timeout);
