@@ -132,10 +132,11 @@ class Broker {
   // the same time as another call the consumer makes.
   virtual Status Touch(std::span<const BrokerMessage* const> messages);
 
-  // The consumer is done with a batch an earlier Poll returned: each of its messages was
-  // acknowledged, handed back or dead-lettered, and nothing refers to them any more. An adapter
-  // may keep them to fill in its next Polls, so that their strings' storage is used again
-  // instead of allocated for every message. Default: the batch is freed.
+  // The consumer is done with a batch an earlier Poll returned: it made its last call about each
+  // of its messages (Acknowledge or Redeliver; a failed one leaves them to the broker's own
+  // redelivery), and nothing refers to them any more. An adapter may keep them to fill in its
+  // next Polls, so that their strings' storage is used again instead of allocated for every
+  // message (bound what it keeps). Default: the batch is freed.
   virtual void Recycle(std::vector<BrokerMessage> batch);
 
   // ok when the broker is reachable (for /readyz).

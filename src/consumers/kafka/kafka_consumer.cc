@@ -183,9 +183,11 @@ class KafkaBroker final : public Broker {
   Status deferred_;      // an error seen after a Poll had messages: the next Poll returns it
   std::vector<rd_kafka_message_t*> drain_;
   // Messages the consumer is done with (Recycle), filled in again by Take: their strings keep
-  // their storage, so a message of a usual size allocates nothing. At most kSpareMessages.
+  // their storage, so a message of a usual size allocates nothing. At most kSpareMessages, each
+  // holding at most kSpareBytes (a large message's storage is freed, not kept for small ones).
   std::vector<BrokerMessage> spare_;
   static constexpr std::size_t kSpareMessages = 4096;
+  static constexpr std::size_t kSpareBytes = 16 << 10;
 };
 
 Status KafkaBroker::Open() {
@@ -578,7 +580,9 @@ void KafkaBroker::TakeCommitAnswer(std::chrono::milliseconds wait) {
 void KafkaBroker::Recycle(std::vector<BrokerMessage> batch) {
   for (BrokerMessage& m : batch) {
     if (spare_.size() >= kSpareMessages) break;
-    spare_.push_back(std::move(m));
+    std::size_t held = m.payload.capacity() + m.position.capacity() + m.partition.capacity();
+    for (const auto& [name, value] : m.headers) held += name.capacity() + value.capacity();
+    if (held <= kSpareBytes) spare_.push_back(std::move(m));
   }
 }
 
