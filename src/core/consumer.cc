@@ -206,9 +206,9 @@ struct Round {
 // may fill its next batches with them. Rounds are finished in the order they were polled, and
 // a Round's messages are referred to only by it and by the Rounds polled before it.
 struct RecycleRound {
-  Broker* broker = nullptr;
+  Broker* broker;
   void operator()(Round* r) const {
-    if (broker != nullptr && !r->batch.empty()) broker->Recycle(std::move(r->batch));
+    broker->Recycle(std::move(r->batch));
     delete r;
   }
 };

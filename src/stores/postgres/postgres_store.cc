@@ -349,15 +349,6 @@ std::vector<Result<Answer>> RunBatch(std::span<const Req> reqs, Check check, Fil
   return out;
 }
 
-// Batches of at least this many distinct keys begin and complete with one set-based statement
-// (kBeginMany, kCompleteMany). Its call runs in a transaction of its own, since its rows cannot
-// be sorted among other statements'; smaller batches go as one statement per key, grouped with
-// other callers' statements, whose commits they then share. Measured with 32 callers
-// (bench/postgres/run.sh, BATCH=n), keys/s set-based against one statement per key: 8 keys
-// 16.9-17.7 k against 25.3-26.2 k, 32 keys 33.3 k against 33.4 k, 64 keys 41.7 k against
-// 33.3 k, 100 keys 44.7-46.8 k against 32.8-35.0 k.
-constexpr std::size_t kSetBatchMin = 32;
-
 // A batch's requests that passed `check` (the others are answered with its error): `first`
 // holds the first request of each distinct (scope, key), in key order; `rest` the later ones,
 // in the batch's order.

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "idem/stores/postgres.h"
+#include "stores/postgres/schema.h"
 #include "stores/postgres/testing.h"
 #include "stores/store_contract.h"
 #include "tests/support/fake_clock.h"
@@ -250,7 +251,9 @@ TEST_F(PostgresStoreTest, ABatchIsOneTransaction) {
 // A batch's distinct keys go as one set-based statement and its repeats as single statements
 // after it, all in one transaction (one round trip): new keys, lapsed ones taken over, repeats.
 TEST_F(PostgresStoreTest, ABatchOfNewAndLapsedKeysWithRepeatsIsOneTransaction) {
-  const std::vector<std::string> keys = Keys(40);  // a set-based statement takes 32 or more
+  constexpr int kDistinct = 40;
+  static_assert(kDistinct >= pg::kSetBatchMin, "the batch must take the set-based path");
+  const std::vector<std::string> keys = Keys(kDistinct);
   std::vector<Acquired> lapsed;
   for (std::size_t i = 0; i < 20; ++i) {
     lapsed.push_back(ExpectAcquired(store_->Begin({.scope = "m", .key = keys[i], .lease = 500ms})));
