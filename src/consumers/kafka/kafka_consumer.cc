@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "consumers/kafka/rdkafka_handles.h"
+#include "core/spare_messages.h"
 #include "idem/consumers/kafka.h"
 
 namespace idem::kafka {
@@ -182,12 +183,7 @@ class KafkaBroker final : public Broker {
   Status commit_error_;  // a failed commit whose answer Poll or a rebalance took: reported next
   Status deferred_;      // an error seen after a Poll had messages: the next Poll returns it
   std::vector<rd_kafka_message_t*> drain_;
-  // Messages the consumer is done with (Recycle), filled in again by Take: their strings keep
-  // their storage, so a message of a usual size allocates nothing. At most kSpareMessages, each
-  // holding at most kSpareBytes (a large message's storage is freed, not kept for small ones).
-  std::vector<BrokerMessage> spare_;
-  static constexpr std::size_t kSpareMessages = 4096;
-  static constexpr std::size_t kSpareBytes = 16 << 10;
+  idem::internal::SpareMessages spare_;  // what the consumer is done with (Recycle), for Take
 };
 
 Status KafkaBroker::Open() {
@@ -422,13 +418,7 @@ Status KafkaBroker::Take(rd_kafka_message_t* message, std::vector<BrokerMessage>
   // Not (or no longer) assigned, or paused by Redeliver: it will be fetched again.
   if (state == nullptr || state->paused) return {};
 
-  if (spare_.empty()) {
-    out.emplace_back();
-  } else {
-    out.push_back(std::move(spare_.back()));
-    spare_.pop_back();
-  }
-  BrokerMessage& m = out.back();
+  BrokerMessage& m = out.emplace_back(spare_.Take());
   m.partition = state->name;
   m.position = std::to_string(message->offset);
   if (message->payload != nullptr) {
@@ -577,14 +567,7 @@ void KafkaBroker::TakeCommitAnswer(std::chrono::milliseconds wait) {
   if (Status s = AwaitCommit(wait); !s.ok() && commit_error_.ok()) commit_error_ = std::move(s);
 }
 
-void KafkaBroker::Recycle(std::vector<BrokerMessage> batch) {
-  for (BrokerMessage& m : batch) {
-    if (spare_.size() >= kSpareMessages) break;
-    std::size_t held = m.payload.capacity() + m.position.capacity() + m.partition.capacity();
-    for (const auto& [name, value] : m.headers) held += name.capacity() + value.capacity();
-    if (held <= kSpareBytes) spare_.push_back(std::move(m));
-  }
-}
+void KafkaBroker::Recycle(std::vector<BrokerMessage> batch) { spare_.Keep(std::move(batch)); }
 
 Status KafkaBroker::Settle() {
   // An earlier failure matters only if what it failed to commit is still not committed at the

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "core/spare_messages.h"
+
 #ifdef IDEM_KAFKA_TSAN_SHIM
 extern "C" const int idem_kafka_tsan_shim;  // tsan_c11_threads.cc
 #endif
@@ -54,16 +56,13 @@ void CopyHeadersInto(const rd_kafka_message_t* message, Headers& out) {
     size_t size = 0;
     for (; rd_kafka_header_get_all(headers, n, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
          ++n) {
-      if (n == out.size()) out.emplace_back();
-      out[n].first.assign(name);
-      if (value == nullptr) {
-        out[n].second.clear();
-      } else {
-        out[n].second.assign(static_cast<const char*>(value), size);
-      }
+      idem::internal::SetHeader(out, n, name,
+                                value == nullptr
+                                    ? std::string_view()
+                                    : std::string_view(static_cast<const char*>(value), size));
     }
   }
-  out.resize(n);
+  idem::internal::TrimHeaders(out, n);
 }
 
 HeaderList NewHeaderList(const Headers& headers) {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "core/spare_messages.h"
+
 namespace idem::nats {
 namespace {
 
@@ -222,18 +224,25 @@ std::optional<AckReply> ParseAckReply(std::string_view reply) {
 
 Headers ReadHeaders(natsMsg* msg) {
   Headers out;
+  ReadHeadersInto(msg, out);
+  return out;
+}
+
+void ReadHeadersInto(natsMsg* msg, Headers& out) {
+  std::size_t set = 0;
   const char** keys = nullptr;
   int count = 0;
-  if (natsMsgHeader_Keys(msg, &keys, &count) != NATS_OK) return out;
-  for (int i = 0; i < count; ++i) {
-    const char** values = nullptr;
-    int n = 0;
-    if (natsMsgHeader_Values(msg, keys[i], &values, &n) != NATS_OK) continue;
-    for (int j = 0; j < n; ++j) out.emplace_back(keys[i], values[j]);
-    std::free(static_cast<void*>(values));
+  if (natsMsgHeader_Keys(msg, &keys, &count) == NATS_OK) {
+    for (int i = 0; i < count; ++i) {
+      const char** values = nullptr;
+      int n = 0;
+      if (natsMsgHeader_Values(msg, keys[i], &values, &n) != NATS_OK) continue;
+      for (int j = 0; j < n; ++j) idem::internal::SetHeader(out, set++, keys[i], values[j]);
+      std::free(static_cast<void*>(values));
+    }
+    std::free(static_cast<void*>(keys));
   }
-  std::free(static_cast<void*>(keys));
-  return out;
+  idem::internal::TrimHeaders(out, set);
 }
 
 Status WriteHeaders(natsMsg* msg, const Headers& headers) {

@@ -83,6 +83,8 @@ std::optional<AckReply> ParseAckReply(std::string_view reply);
 
 // The message's headers (empty when it has none).
 Headers ReadHeaders(natsMsg* msg);
+// The same into `out`, whose strings keep their storage (a recycled message's).
+void ReadHeadersInto(natsMsg* msg, Headers& out);
 // Adds `headers` to `msg`; CR and LF in names and values become spaces (they would end the
 // header block on the wire). A header with an empty value is left out: libnats 3.4 reads a
 // header block holding one as malformed and drops every header of the message.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "consumers/nats/connection.h"
+#include "core/spare_messages.h"
 #include "idem/consumers/nats.h"
 
 namespace idem::nats {
@@ -237,7 +238,7 @@ class NatsBroker final : public Broker {
       natsMsg* msg = list.Msgs[i];
       list.Msgs[i] = nullptr;  // ours now
       MsgPtr owned(msg);
-      BrokerMessage m;
+      BrokerMessage m = spare_.Take();
       std::uint64_t delivered = 1;
       std::uint64_t sequence = 0;
       // The reply subject holds the metadata; reading it in place saves natsMsg_GetMetaData's
@@ -257,7 +258,7 @@ class NatsBroker final : public Broker {
       }
       m.partition = natsMsg_GetSubject(msg);
       m.payload.assign(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)));
-      m.headers = ReadHeaders(msg);
+      ReadHeadersInto(msg, m.headers);
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
       if (Overtakes(m.partition, sequence, owned.get(), now)) continue;
@@ -277,6 +278,8 @@ class NatsBroker final : public Broker {
     if (!ready_.empty()) return TakeReady(max);
     return out;
   }
+
+  void Recycle(std::vector<BrokerMessage> batch) override { spare_.Keep(std::move(batch)); }
 
   Status Acknowledge(std::span<const BrokerMessage* const> messages) override {
     return Settle(messages, "ack", [](natsMsg* m) { return natsMsg_Ack(m, nullptr); });
@@ -685,6 +688,7 @@ class NatsBroker final : public Broker {
   std::unordered_map<std::string, Held> held_;  // by subject
   std::optional<RestartHold> restart_hold_;     // set by Start when messages were pending
   std::deque<BrokerMessage> ready_;             // released by the restart hold, for Poll
+  idem::internal::SpareMessages spare_;  // what the consumer is done with (Recycle), for Poll
   std::uint64_t next_handle_ = 1;
   SteadyClock::time_point last_ensure_{};
 };

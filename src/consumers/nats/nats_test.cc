@@ -29,6 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 using SteadyClock = std::chrono::steady_clock;
@@ -271,6 +272,43 @@ TEST(NatsBrokerTest, PollsInOrderPerSubjectWithMetadataAndHeaders) {
     }
   }
   EXPECT_TRUE(b->Acknowledge(Ptrs(got)).ok());
+}
+
+// Messages handed back with Recycle are filled in with later deliveries: nothing of what they
+// held before may show.
+TEST(NatsBrokerTest, RecycledMessagesHoldOnlyTheNextDelivery) {
+  Names n;
+  auto b = Open(n.Config(SharedUrl()));
+  auto p = OpenPublisher(SharedUrl());
+  ASSERT_TRUE(b && p);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        p->Publish(n.Subject("first"), std::string(500, 'x'),
+                   {{"Idempotency-Key", "first-" + std::to_string(i)}, {"A", "1"}, {"B", "2"}})
+            .has_value());
+  }
+  auto first = PollN(*b, 3, 5s);
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_TRUE(b->Acknowledge(Ptrs(first)).ok());
+  b->Recycle(std::move(first));
+
+  ASSERT_TRUE(p->Publish(n.Subject("second"), "s0", {{"Idempotency-Key", "second-0"}}).has_value());
+  ASSERT_TRUE(p->Publish(n.Subject("second"), "s1").has_value());
+  ASSERT_TRUE(p->Publish(n.Subject("second"), "").has_value());
+  const auto second = PollN(*b, 3, 5s);
+  ASSERT_EQ(second.size(), 3u);
+  for (const auto& m : second) {
+    EXPECT_EQ(m.partition, n.Subject("second"));
+    EXPECT_EQ(m.deliveries, 1u);
+  }
+  EXPECT_EQ(second[0].payload, "s0");
+  EXPECT_THAT(second[0].headers, ElementsAre(Pair("Idempotency-Key", "second-0")));
+  EXPECT_EQ(second[1].payload, "s1");
+  EXPECT_TRUE(second[1].headers.empty());
+  EXPECT_EQ(second[2].payload, "");
+  EXPECT_TRUE(second[2].headers.empty());
+  EXPECT_LT(std::stoull(second[0].position), std::stoull(second[1].position));
+  EXPECT_TRUE(b->Acknowledge(Ptrs(second)).ok());
 }
 
 TEST(NatsBrokerTest, NothingToReadIsAnEmptyBatchAfterTheWait) {

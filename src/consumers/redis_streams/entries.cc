@@ -102,6 +102,26 @@ void NewEntriesParser::Bad(std::string_view what) {
   if (status_.ok()) {
     status_ = InternalError("XREADGROUP answered " + std::string(what) + " where entries belong");
   }
+  // An entry not read whole is not handed out: it stays pending in Redis, to be read back.
+  if (message_ != nullptr && incomplete_) {
+    current_->pop_back();
+    message_ = nullptr;
+  }
+}
+
+void NewEntriesParser::EndUnfinished() {
+  if (message_ != nullptr && incomplete_) Bad("an entry without its whole field list");
+}
+
+const Status& NewEntriesParser::Finish() {
+  EndUnfinished();
+  return status_;
+}
+
+void NewEntriesParser::EndEntry() {
+  // A recycled message may have had more headers than this entry.
+  idem::internal::TrimHeaders(message_->headers, headers_);
+  incomplete_ = false;
 }
 
 // The reply: [[stream, [[id, [field, value, ...]], ...]], ...], or nil.
@@ -114,6 +134,7 @@ void* NewEntriesParser::Array(const redisReadTask* task, int elements) {
     case 0:  // the streams
       break;
     case 1:  // [stream, entries]
+      p.EndUnfinished();
       p.current_ = nullptr;
       break;
     case 2:  // the entries of p.stream_
@@ -121,17 +142,32 @@ void* NewEntriesParser::Array(const redisReadTask* task, int elements) {
       if (p.current_ != nullptr) p.current_->reserve(p.current_->size() + n);
       break;
     case 3:  // [id, fields]
+      p.EndUnfinished();
       p.message_ = nullptr;
-      if (p.current_ != nullptr) {
-        p.message_ = &p.current_->emplace_back();
-        p.message_->partition = p.streams_[p.stream_];
-        p.message_->handle = p.stream_;
+      if (n != 2) {
+        p.Bad("an entry of " + std::to_string(n) + " elements");
+      } else if (p.current_ != nullptr) {
+        // A recycled message: every field is set here or by the strings that follow.
+        BrokerMessage& m = p.current_->emplace_back(p.spares_.Take());
+        m.partition = p.streams_[p.stream_];
+        m.position.clear();
+        m.payload.clear();
+        m.deliveries = 1;
+        m.handle = p.stream_;
+        p.message_ = &m;
         p.have_payload_ = false;
+        p.headers_ = 0;
+        p.fields_left_ = 0;
+        p.incomplete_ = true;
       }
       break;
     case 4:  // fields
-      if (task->idx != 1) p.Bad("an array");
-      if (p.message_ != nullptr && n > 2) p.message_->headers.reserve(n / 2 - 1);
+      if (task->idx != 1) {
+        p.Bad("an array");
+      } else if (p.message_ != nullptr) {
+        p.fields_left_ = n;
+        if (n == 0) p.EndEntry();
+      }
       break;
     default:
       p.Bad("a nested array");
@@ -167,8 +203,9 @@ void* NewEntriesParser::String(const redisReadTask* task, char* str, std::size_t
       p.message_->payload = text;
       p.have_payload_ = true;
     } else {
-      p.message_->headers.emplace_back(p.name_, text);
+      idem::internal::SetHeader(p.message_->headers, p.headers_++, p.name_, text);
     }
+    if (p.fields_left_ > 0 && --p.fields_left_ == 0) p.EndEntry();
   } else {
     p.Bad("a string");
   }

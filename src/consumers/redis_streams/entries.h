@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/spare_messages.h"
 #include "idem/consumer.h"
 #include "idem/status.h"
 
@@ -48,14 +49,17 @@ Status ParseEntries(const redisReply& list, std::string_view stream, std::string
 // (kInternal). The reply is always read to its end, so the connection stays in step.
 class NewEntriesParser {
  public:
-  // Entries of streams[i] are appended to *targets[i] with handle i.
+  // Entries of streams[i] are appended to *targets[i] with handle i, filled into messages taken
+  // from `spares`.
   NewEntriesParser(std::span<const std::string> streams,
                    std::span<std::vector<BrokerMessage>* const> targets,
-                   std::string_view payload_field)
-      : streams_(streams), targets_(targets), payload_field_(payload_field) {}
+                   std::string_view payload_field, idem::internal::SpareMessages& spares)
+      : streams_(streams), targets_(targets), payload_field_(payload_field), spares_(spares) {}
 
   static redisReplyObjectFunctions* Functions();
-  const Status& status() const { return status_; }
+  // Once the reply was read: what it was (see above). An entry not read whole (a reply of
+  // another shape) is not appended.
+  const Status& Finish();
 
  private:
   static void* String(const redisReadTask* task, char* str, std::size_t len);
@@ -65,15 +69,23 @@ class NewEntriesParser {
   // The parser (the reader's privdata, on the root task) and the task's depth in the reply.
   static NewEntriesParser& Of(const redisReadTask* task, int& depth);
   void Bad(std::string_view what);
+  // The current entry's field list was read to its end.
+  void EndEntry();
+  // Drops the current entry when it was not read whole.
+  void EndUnfinished();
 
   std::span<const std::string> streams_;
   std::span<std::vector<BrokerMessage>* const> targets_;
   std::string_view payload_field_;
+  idem::internal::SpareMessages& spares_;
   std::size_t stream_ = 0;                         // index of the stream being read
   std::vector<BrokerMessage>* current_ = nullptr;  // its target; nullptr: skip its entries
   BrokerMessage* message_ = nullptr;               // the entry being read
   bool have_payload_ = false;
-  std::string name_;  // the last field name
+  bool incomplete_ = false;      // message_ is still being read
+  std::size_t headers_ = 0;      // headers of message_ set so far
+  std::size_t fields_left_ = 0;  // strings of its field list still to come
+  std::string name_;             // the last field name
   Status status_;
 };
 

@@ -128,6 +128,7 @@ class RedisStreamsBroker final : public Broker {
   Status Redeliver(std::span<const BrokerMessage* const> messages, milliseconds delay) override;
   Status DeadLetter(const BrokerMessage& message, const DeadLetterInfo& info) override;
   Status Touch(std::span<const BrokerMessage* const> messages) override;
+  void Recycle(std::vector<BrokerMessage> batch) override { spare_.Keep(std::move(batch)); }
   Status Health() override;
 
  private:
@@ -175,6 +176,8 @@ class RedisStreamsBroker final : public Broker {
   std::deque<Expect> expected_;  // replies sent for and not read yet, in order
   std::size_t read_aheads_ = 0;  // of them, kReadAhead
   SteadyClock::time_point next_claim_{};
+  // Messages the consumer is done with (Recycle): new entries are read into them.
+  idem::internal::SpareMessages spare_;
 
   std::mutex health_mu_;
   std::unique_ptr<Client> health_client_;  // guarded by health_mu_
@@ -345,10 +348,10 @@ Status RedisStreamsBroker::ReadNewEntries() {
     }
     targets[i] = &st.ready;
   }
-  NewEntriesParser parser(config_.streams, targets, config_.payload_field);
+  NewEntriesParser parser(config_.streams, targets, config_.payload_field, spare_);
   IDEM_RETURN_IF_ERROR(client_->ReadWith(NewEntriesParser::Functions(), &parser));
-  if (!parser.status().ok()) {
-    return Status(parser.status().code(), client_->where() + ": " + parser.status().message());
+  if (const Status& s = parser.Finish(); !s.ok()) {
+    return Status(s.code(), client_->where() + ": " + s.message());
   }
   return OkStatus();
 }

@@ -160,12 +160,14 @@ TEST(RedisStreamsConfigTest, EntryIdsOrderAsRedisOrdersThem) {
   EXPECT_FALSE(ParseEntryId("1-x").has_value());
 }
 
-// Feeds `resp` to a hiredis reader with the parser's functions, `chunk` bytes at a time.
+// Feeds `resp` to a hiredis reader with the parser's functions, `chunk` bytes at a time,
+// filling messages taken from `spares` (none: new ones).
 Status ParseNew(std::string_view resp, std::size_t chunk, std::vector<BrokerMessage>& a,
-                std::vector<BrokerMessage>& b) {
+                std::vector<BrokerMessage>& b, idem::internal::SpareMessages* spares = nullptr) {
   const std::vector<std::string> streams = {"a", "b"};
   std::vector<std::vector<BrokerMessage>*> targets = {&a, &b};
-  NewEntriesParser parser(streams, targets, "payload");
+  idem::internal::SpareMessages none;
+  NewEntriesParser parser(streams, targets, "payload", spares != nullptr ? *spares : none);
   redisReader* reader = redisReaderCreateWithFunctions(NewEntriesParser::Functions());
   reader->privdata = &parser;
   void* reply = nullptr;
@@ -176,7 +178,23 @@ Status ParseNew(std::string_view resp, std::size_t chunk, std::vector<BrokerMess
   }
   EXPECT_NE(reply, nullptr) << "no whole reply";
   redisReaderFree(reader);
-  return parser.status();
+  return parser.Finish();
+}
+
+// Spare messages whose every field holds something no entry below has.
+idem::internal::SpareMessages UsedSpares(std::size_t count) {
+  std::vector<BrokerMessage> used(count);
+  for (BrokerMessage& m : used) {
+    m.partition = "old-partition";
+    m.position = "99-99";
+    m.payload = std::string(300, 'p');
+    for (int h = 0; h < 5; ++h) m.headers.emplace_back("old-" + std::to_string(h), "old-value");
+    m.deliveries = 7;
+    m.handle = 9;
+  }
+  idem::internal::SpareMessages spares;
+  spares.Keep(std::move(used));
+  return spares;
 }
 
 TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
@@ -188,9 +206,15 @@ TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
       "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$0\r\n\r\n"
       "*2\r\n$3\r\n1-1\r\n*6\r\n$7\r\npayload\r\n$1\r\nx\r\n$7\r\npayload\r\n$1\r\ny\r\n"
       "$15\r\nIdempotency-Key\r\n$2\r\nk1\r\n";
-  for (const std::size_t chunk : {resp.size(), std::size_t{1}, std::size_t{7}}) {
+  // Into new messages, and into recycled ones (Broker::Recycle) that held other entries.
+  for (const auto& [recycled, chunk] :
+       {std::pair{false, resp.size()}, std::pair{false, 1ul}, std::pair{false, 7ul},
+        std::pair{true, resp.size()}, std::pair{true, 1ul}, std::pair{true, 7ul}}) {
+    SCOPED_TRACE(recycled ? "recycled" : "new");
     std::vector<BrokerMessage> a, b;
-    ASSERT_TRUE(ParseNew(resp, chunk, a, b).ok()) << chunk;
+    idem::internal::SpareMessages spares = UsedSpares(recycled ? 3 : 0);
+    ASSERT_TRUE(ParseNew(resp, chunk, a, b, &spares).ok()) << chunk;
+    EXPECT_EQ(spares.size(), 0u);
     ASSERT_EQ(a.size(), 2u);
     ASSERT_EQ(b.size(), 1u);
     EXPECT_EQ(b[0].partition, "b");
@@ -205,6 +229,7 @@ TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
     EXPECT_TRUE(a[0].headers.empty());
     EXPECT_EQ(a[1].payload, "x");  // the first payload field; a second one is a header
     EXPECT_THAT(a[1].headers, ElementsAre(Pair("payload", "y"), Pair("Idempotency-Key", "k1")));
+    for (const auto* m : {&a[0], &a[1], &b[0]}) EXPECT_EQ(m->deliveries, 1u);
   }
   std::vector<BrokerMessage> a, b;
   EXPECT_TRUE(ParseNew("*-1\r\n", 1, a, b).ok());  // nil: nothing new
@@ -218,6 +243,32 @@ TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
       "*1\r\n*2\r\n$1\r\nz\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n";
   EXPECT_TRUE(ParseNew(other, 2, a, b).ok());
   EXPECT_TRUE(a.empty() && b.empty());
+}
+
+// An entry of another shape fails the read (kInternal) and is not handed out, half filled in:
+// it stays pending in Redis. The entries before it are whole and kept.
+TEST(RedisStreamsConfigTest, AnEntryNotReadWholeIsNotAppended) {
+  const std::string first = "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$2\r\nok\r\n";
+  const std::vector<std::string> bad_entries = {
+      "*1\r\n$3\r\n1-1\r\n",                               // no field list
+      "*3\r\n$3\r\n1-1\r\n*0\r\n*0\r\n",                   // three elements
+      "*2\r\n$3\r\n1-1\r\n$1\r\nx\r\n",                    // fields as a string
+      "*2\r\n$3\r\n1-1\r\n$-1\r\n",                        // fields nil
+      "*2\r\n$3\r\n1-1\r\n*2\r\n$7\r\npayload\r\n*0\r\n",  // a value as an array
+      "*2\r\n$3\r\n1-1\r\n*2\r\n$7\r\npayload\r\n:5\r\n",  // a value as an integer
+  };
+  for (const std::string& bad : bad_entries) {
+    SCOPED_TRACE(bad);
+    const std::string resp = "*1\r\n*2\r\n$1\r\na\r\n*2\r\n" + first + bad;
+    std::vector<BrokerMessage> a, b;
+    idem::internal::SpareMessages spares = UsedSpares(2);
+    const Status s = ParseNew(resp, 5, a, b, &spares);
+    EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(a[0].position, "1-0");
+    EXPECT_EQ(a[0].payload, "ok");
+    EXPECT_TRUE(a[0].headers.empty());
+  }
 }
 
 TEST(RedisStreamsTest, UnreachableServerIsUnavailable) {
@@ -279,6 +330,44 @@ TEST(RedisStreamsTest, PollsEveryStreamInEntryOrder) {
   EXPECT_TRUE(broker->Health().ok());
 }
 
+// Messages handed back with Recycle are filled in with later entries: nothing of what they held
+// before may show.
+TEST(RedisStreamsTest, RecycledMessagesHoldOnlyTheNextEntry) {
+  const std::string url = SharedUrl();
+  const std::string a = Unique("a"), b = Unique("b");
+  auto broker = Open(Config(url, {a, b}));
+  ASSERT_NE(broker, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Publish(url, a, std::string(500, 'x'),
+                        {{"Idempotency-Key", "a-" + std::to_string(i)}, {"A", "1"}, {"B", "2"}})
+                    .has_value());
+  }
+  auto first = PollN(*broker, 3);
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_TRUE(AckAll(*broker, first).ok());
+  broker->Recycle(std::move(first));
+
+  const auto b0 = Publish(url, b, "b0", {{"Idempotency-Key", "b-0"}});
+  const auto b1 = Publish(url, b, "b1", {});
+  const auto b2 = Publish(url, b, "", {});
+  ASSERT_TRUE(b0 && b1 && b2);
+  const auto second = PollN(*broker, 3);
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_THAT(Positions(second), ElementsAre(*b0, *b1, *b2));
+  for (const auto& m : second) {
+    EXPECT_EQ(m.partition, b);
+    EXPECT_EQ(m.handle, 1u);
+    EXPECT_EQ(m.deliveries, 1u);
+  }
+  EXPECT_EQ(second[0].payload, "b0");
+  EXPECT_THAT(second[0].headers, ElementsAre(Pair("Idempotency-Key", "b-0")));
+  EXPECT_EQ(second[1].payload, "b1");
+  EXPECT_TRUE(second[1].headers.empty());
+  EXPECT_EQ(second[2].payload, "");
+  EXPECT_TRUE(second[2].headers.empty());
+  EXPECT_TRUE(AckAll(*broker, second).ok());
+}
+
 TEST(RedisStreamsTest, AcknowledgedEntriesAreNotDeliveredAgain) {
   const std::string url = SharedUrl();
   const std::string s = Unique("s");
@@ -303,6 +392,7 @@ TEST(RedisStreamsTest, AcknowledgedEntriesAreNotDeliveredAgain) {
   EXPECT_TRUE(none->empty());
   broker.reset();
   auto third = Open(Config(url, {s}));
+  ASSERT_NE(third, nullptr);
   auto nothing = third->Poll(10, milliseconds(50));
   ASSERT_TRUE(nothing.has_value());
   EXPECT_TRUE(nothing->empty());
@@ -315,10 +405,12 @@ TEST(RedisStreamsTest, RestartedConsumerGetsItsOwnPendingEntriesFirst) {
   const auto first = PublishN(url, s, 4, "old");
   {
     auto broker = Open(Config(url, {s}, "worker-1"));
+    ASSERT_NE(broker, nullptr);
     ASSERT_EQ(PollN(*broker, 4).size(), 4u);  // and "crashes": nothing acknowledged
   }
   const auto later = PublishN(url, s, 3, "new");
   auto broker = Open(Config(url, {s}, "worker-1"));
+  ASSERT_NE(broker, nullptr);
   auto got = PollN(*broker, 7, /*max=*/3);
   std::vector<std::string> expected = first;
   expected.insert(expected.end(), later.begin(), later.end());
@@ -373,6 +465,7 @@ TEST(RedisStreamsTest, PendingEntriesDeletedFromTheStreamAreSkippedAndAcknowledg
   const auto ids = PublishN(url, s, 3);
   {
     auto broker = Open(Config(url, {s}));
+    ASSERT_NE(broker, nullptr);
     ASSERT_EQ(PollN(*broker, 3).size(), 3u);
   }
   auto address = ParseAddress(url);
@@ -384,6 +477,7 @@ TEST(RedisStreamsTest, PendingEntriesDeletedFromTheStreamAreSkippedAndAcknowledg
   ASSERT_EQ((*del)->integer, 1);
 
   auto broker = Open(Config(url, {s}));
+  ASSERT_NE(broker, nullptr);
   auto got = PollN(*broker, 2);
   EXPECT_THAT(Positions(got), ElementsAre(ids[0], ids[2]));
   ASSERT_TRUE(AckAll(*broker, got).ok());
@@ -398,6 +492,7 @@ TEST(RedisStreamsTest, EntriesOfAStoppedConsumerAreClaimedAfterClaimIdle) {
   SteadyClock::time_point read_at;
   {
     auto dead = Open(dead_config);
+    ASSERT_NE(dead, nullptr);
     ASSERT_EQ(PollN(*dead, 5).size(), 5u);
     read_at = SteadyClock::now();
   }
@@ -472,6 +567,7 @@ TEST(RedisStreamsTest, ABusyConsumerStillClaimsTheEntriesOfAStoppedOne) {
   const auto dead_ids = PublishN(url, s, 5, "dead");
   {
     auto dead = Open(Config(url, {s}, "dead"));
+    ASSERT_NE(dead, nullptr);
     ASSERT_EQ(PollN(*dead, 5).size(), 5u);
   }
   // A backlog that keeps every Poll of the other consumer full (and a batch read ahead).
@@ -481,6 +577,7 @@ TEST(RedisStreamsTest, ABusyConsumerStillClaimsTheEntriesOfAStoppedOne) {
   config.claim_idle = milliseconds(300);
   config.claim_interval = milliseconds(50);
   auto busy = Open(config);
+  ASSERT_NE(busy, nullptr);
   std::size_t later_before_claimed = 0;
   std::vector<BrokerMessage> claimed;
   const auto deadline = SteadyClock::now() + milliseconds(10'000);
@@ -510,10 +607,12 @@ TEST(RedisStreamsTest, TouchedEntriesAreNotClaimed) {
   config.claim_idle = milliseconds(300);
   config.claim_interval = milliseconds(50);
   auto slow = Open(config);
+  ASSERT_NE(slow, nullptr);
   auto held = PollN(*slow, 2);
   ASSERT_EQ(held.size(), 2u);
   config.consumer = "other";
   auto other = Open(config);
+  ASSERT_NE(other, nullptr);
   const auto until = SteadyClock::now() + milliseconds(700);
   std::vector<const BrokerMessage*> p = {&held[0], &held[1]};
   while (SteadyClock::now() < until) {
@@ -562,6 +661,7 @@ TEST(RedisStreamsTest, HandedBackEntriesSurviveARestart) {
   const auto ids = PublishN(url, s, 3);
   {
     auto broker = Open(Config(url, {s}));
+    ASSERT_NE(broker, nullptr);
     auto got = PollN(*broker, 3);
     ASSERT_EQ(got.size(), 3u);
     std::vector<const BrokerMessage*> back = {&got[0], &got[1], &got[2]};
@@ -569,6 +669,7 @@ TEST(RedisStreamsTest, HandedBackEntriesSurviveARestart) {
   }
   // A crash forgets the delay; the entries are still pending on this consumer.
   auto broker = Open(Config(url, {s}));
+  ASSERT_NE(broker, nullptr);
   EXPECT_THAT(Positions(PollN(*broker, 3)), ElementsAreArray(ids));
 }
 
@@ -578,6 +679,7 @@ TEST(RedisStreamsTest, DeadLetterCarriesPayloadHeadersAndReason) {
   auto config = Config(url, {s});
   config.dlq_stream = s + ".dead";
   auto broker = Open(config);
+  ASSERT_NE(broker, nullptr);
   const auto id = Publish(url, s, "{\"n\":1}", {{"Idempotency-Key", "k-1"}, {"trace", "t9"}});
   ASSERT_TRUE(id.has_value());
   auto got = PollN(*broker, 1);
@@ -614,6 +716,7 @@ TEST(RedisStreamsTest, DeadLetterThatRedisRefusesIsUnavailable) {
   ASSERT_TRUE(client.has_value());
   ASSERT_TRUE((*client)->Call(Args().Add("SET").Add(config.dlq_stream).Add("x")).has_value());
   auto broker = Open(config);
+  ASSERT_NE(broker, nullptr);
   PublishN(url, s, 2);
   auto got = PollN(*broker, 2);
   ASSERT_EQ(got.size(), 2u);
