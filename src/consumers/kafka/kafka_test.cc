@@ -134,6 +134,47 @@ TEST_F(KafkaTest, PollKeepsEachPartitionsOrderAndCopiesHeaders) {
   EXPECT_TRUE(more->empty());
 }
 
+// Messages handed back with Recycle are filled in with later deliveries: nothing of what they
+// held before may show.
+TEST_F(KafkaTest, RecycledMessagesHoldOnlyTheNextDelivery) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        producer_
+            ->Publish(topic_, 0, "", std::string(500, 'x'),
+                      {{"Idempotency-Key", "first-" + std::to_string(i)}, {"A", "1"}, {"B", "2"}})
+            .ok());
+  }
+  ASSERT_TRUE(producer_->Flush(10s).ok());
+  auto broker = Open(UniqueName("g"));
+  ASSERT_NE(broker, nullptr);
+  auto first = PollAtLeast(*broker, 3, 30s);
+  ASSERT_TRUE(first) << first.error().ToString();
+  ASSERT_EQ(first->size(), 3u);
+  ASSERT_TRUE(broker->Acknowledge(Pointers(*first)).ok());
+  broker->Recycle(std::move(*first));
+
+  ASSERT_TRUE(producer_->Publish(topic_, 1, "", "s0", {{"Idempotency-Key", "second-0"}}).ok());
+  ASSERT_TRUE(producer_->Publish(topic_, 1, "", "s1").ok());
+  ASSERT_TRUE(producer_->Publish(topic_, 1, "", "").ok());
+  ASSERT_TRUE(producer_->Flush(10s).ok());
+  auto second = PollAtLeast(*broker, 3, 30s);
+  ASSERT_TRUE(second) << second.error().ToString();
+  ASSERT_EQ(second->size(), 3u);
+  const std::vector<BrokerMessage>& m = *second;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(m[i].partition, topic_ + "/1");
+    EXPECT_EQ(m[i].position, std::to_string(i));
+    EXPECT_EQ(m[i].deliveries, 1u);
+  }
+  EXPECT_EQ(m[0].payload, "s0");
+  EXPECT_THAT(m[0].headers, ::testing::ElementsAre(Pair("Idempotency-Key", "second-0")));
+  EXPECT_EQ(m[1].payload, "s1");
+  EXPECT_TRUE(m[1].headers.empty());
+  EXPECT_EQ(m[2].payload, "");
+  EXPECT_TRUE(m[2].headers.empty());
+  EXPECT_TRUE(broker->Acknowledge(Pointers(m)).ok());
+}
+
 TEST_F(KafkaTest, PollReturnsAtMostMaxWithoutWaitingForMore) {
   ASSERT_TRUE(PublishNumbered(*producer_, topic_, 0, "m", 30).ok());
   auto broker = Open(UniqueName("g"));
