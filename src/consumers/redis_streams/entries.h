@@ -57,8 +57,8 @@ class NewEntriesParser {
       : streams_(streams), targets_(targets), payload_field_(payload_field), spares_(spares) {}
 
   static redisReplyObjectFunctions* Functions();
-  // Once the reply was read: what it was (see above). An entry not read whole (a reply of
-  // another shape) is not appended.
+  // Once the reply was read, or its read failed: what it was (see above). An entry not read
+  // whole (a reply of another shape, or cut off) is not appended.
   const Status& Finish();
 
  private:

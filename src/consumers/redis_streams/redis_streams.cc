@@ -349,10 +349,13 @@ Status RedisStreamsBroker::ReadNewEntries() {
     targets[i] = &st.ready;
   }
   NewEntriesParser parser(config_.streams, targets, config_.payload_field, spare_);
-  IDEM_RETURN_IF_ERROR(client_->ReadWith(NewEntriesParser::Functions(), &parser));
-  if (const Status& s = parser.Finish(); !s.ok()) {
-    return Status(s.code(), client_->where() + ": " + s.message());
-  }
+  const Status read = client_->ReadWith(NewEntriesParser::Functions(), &parser);
+  // Also after a read that failed mid-reply: the entry it was reading goes, not half filled in
+  // (a recycled message would still hold another entry's headers). The whole ones before it
+  // stay in `ready`; they are pending in Redis either way.
+  const Status& parsed = parser.Finish();
+  if (!read.ok()) return read;
+  if (!parsed.ok()) return Status(parsed.code(), client_->where() + ": " + parsed.message());
   return OkStatus();
 }
 

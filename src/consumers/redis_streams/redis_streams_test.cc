@@ -245,6 +245,33 @@ TEST(RedisStreamsConfigTest, NewEntriesAreParsedStraightIntoMessages) {
   EXPECT_TRUE(a.empty() && b.empty());
 }
 
+// A reply cut off mid-entry (the connection broke, or the read timed out): Finish drops the
+// entry it was reading, half filled into a recycled message; the whole ones before it stay.
+TEST(RedisStreamsConfigTest, AnEntryCutOffIsNotAppended) {
+  const std::string resp =
+      "*1\r\n*2\r\n$1\r\na\r\n*2\r\n"
+      "*2\r\n$3\r\n1-0\r\n*2\r\n$7\r\npayload\r\n$2\r\nok\r\n"
+      "*2\r\n$3\r\n1-1\r\n*4\r\n$7\r\npayload\r\n$3\r\nnew\r\n";  // one field pair short
+  const std::vector<std::string> streams = {"a"};
+  std::vector<BrokerMessage> a;
+  std::vector<std::vector<BrokerMessage>*> targets = {&a};
+  idem::internal::SpareMessages spares = UsedSpares(2);
+  NewEntriesParser parser(streams, targets, "payload", spares);
+  redisReader* reader = redisReaderCreateWithFunctions(NewEntriesParser::Functions());
+  reader->privdata = &parser;
+  void* reply = nullptr;
+  ASSERT_EQ(redisReaderFeed(reader, resp.data(), resp.size()), REDIS_OK);
+  ASSERT_EQ(redisReaderGetReply(reader, &reply), REDIS_OK);
+  EXPECT_EQ(reply, nullptr) << "the reply is not whole";
+  ASSERT_EQ(a.size(), 2u) << "the cut entry is being read";
+  redisReaderFree(reader);
+  EXPECT_EQ(parser.Finish().code(), StatusCode::kInternal);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].position, "1-0");
+  EXPECT_EQ(a[0].payload, "ok");
+  EXPECT_TRUE(a[0].headers.empty());
+}
+
 // An entry of another shape fails the read (kInternal) and is not handed out, half filled in:
 // it stays pending in Redis. The entries before it are whole and kept.
 TEST(RedisStreamsConfigTest, AnEntryNotReadWholeIsNotAppended) {
