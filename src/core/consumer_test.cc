@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/spare_messages.h"
 #include "idem/stores/log.h"
 #include "idem/stores/memory.h"
 #include "stores/log/log_store_internal.h"
@@ -1084,6 +1085,56 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, ConsumerTest, ::testing::Bool(),
                          [](const auto& p) { return p.param ? "pipelined" : "sequential"; });
 INSTANTIATE_TEST_SUITE_P(Pipeline, PipelinedConsumerTest, ::testing::Values(true),
                          [](const auto&) { return "pipelined"; });
+
+// The pool adapters fill recycled messages from (Broker::Recycle): it keeps at most kMaxMessages,
+// none holding more than kMaxBytes, and hands back what it kept, last kept first.
+TEST(SpareMessagesTest, KeepsAtMostItsBoundAndNoLargeMessage) {
+  using internal::SpareMessages;
+  SpareMessages spares;
+  EXPECT_EQ(spares.size(), 0u);
+  EXPECT_TRUE(spares.Take().payload.empty());  // none kept: a new message
+
+  std::vector<BrokerMessage> batch(3);
+  batch[0].payload = "small";
+  batch[1].payload = std::string(SpareMessages::kMaxBytes + 1, 'x');  // too large: freed
+  batch[2].payload = "also small";
+  batch[2].headers = {{"Idempotency-Key", "k"}};
+  spares.Keep(std::move(batch));
+  ASSERT_EQ(spares.size(), 2u);
+  const BrokerMessage last = spares.Take();
+  EXPECT_EQ(last.payload, "also small");
+  EXPECT_EQ(last.headers.size(), 1u);
+  EXPECT_EQ(spares.Take().payload, "small");
+  EXPECT_EQ(spares.size(), 0u);
+
+  // Headers count towards the bound too.
+  std::vector<BrokerMessage> heavy(1);
+  heavy[0].headers = {{"h", std::string(SpareMessages::kMaxBytes, 'v')}};
+  spares.Keep(std::move(heavy));
+  EXPECT_EQ(spares.size(), 0u);
+
+  spares.Keep(std::vector<BrokerMessage>(SpareMessages::kMaxMessages + 10));
+  EXPECT_EQ(spares.size(), SpareMessages::kMaxMessages);
+  spares.Keep(std::vector<BrokerMessage>(5));
+  EXPECT_EQ(spares.size(), SpareMessages::kMaxMessages);
+}
+
+// SetHeader and TrimHeaders fill a header list in place: the strings of the entries kept keep
+// their storage.
+TEST(SpareMessagesTest, HeadersAreFilledInPlace) {
+  std::vector<std::pair<std::string, std::string>> headers = {
+      {"old-name-long-enough-for-the-heap", std::string(100, 'v')}, {"b", "2"}, {"c", "3"}};
+  const char* storage = headers[0].second.data();
+  internal::SetHeader(headers, 0, "k", "v");
+  internal::TrimHeaders(headers, 1);
+  ASSERT_EQ(headers.size(), 1u);
+  EXPECT_EQ(headers[0], (std::pair<std::string, std::string>{"k", "v"}));
+  EXPECT_EQ(headers[0].second.data(), storage);
+  internal::SetHeader(headers, 1, "new", "");  // one past the end: appended
+  internal::TrimHeaders(headers, 2);
+  ASSERT_EQ(headers.size(), 2u);
+  EXPECT_EQ(headers[1], (std::pair<std::string, std::string>{"new", ""}));
+}
 
 }  // namespace
 }  // namespace idem
