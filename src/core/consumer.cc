@@ -536,6 +536,9 @@ struct Consumer::Impl {
 
   // ---- one round ----
 
+  // An empty RoundPtr, whose deleter (for what is moved into it) recycles to this broker.
+  RoundPtr NoRound() { return RoundPtr(nullptr, RecycleRound{&broker}); }
+
   // Polls a batch, or nullptr when nothing came.
   Result<RoundPtr> PollRound(milliseconds wait) {
     auto polled = broker.Poll(options.batch_size, wait);
@@ -543,7 +546,7 @@ struct Consumer::Impl {
       Count(&ConsumerCounts::broker_errors, &ConsumerMetrics::broker_errors);
       return polled.error();
     }
-    if (polled->empty()) return RoundPtr(nullptr, RecycleRound{&broker});
+    if (polled->empty()) return NoRound();
     RoundPtr round(new Round, RecycleRound{&broker});
     round->batch = std::move(*polled);
     Count(&ConsumerCounts::received, &ConsumerMetrics::received, round->batch.size());
@@ -926,8 +929,8 @@ struct Consumer::Impl {
 
   // tail: its handlers ran; its completions are in the store batch.
   // ahead: its begins are in the store batch; its handlers have not run yet.
-  RoundPtr tail{nullptr, RecycleRound{&broker}};
-  RoundPtr ahead{nullptr, RecycleRound{&broker}};
+  RoundPtr tail = NoRound();
+  RoundPtr ahead = NoRound();
   Timestamp ahead_begun;  // when its begins were sent: its leases run from then
   // While `ahead` runs: the batch just polled, begun once `ahead` has run (TouchOpen).
   Round* polled_behind = nullptr;
@@ -1075,7 +1078,7 @@ struct Consumer::Impl {
   // back (with it, what of `ahead` and `next` follows what goes back), and runs `ahead`'s
   // handlers. Returns the tail, for Acknowledge.
   RoundPtr Advance(Round* next) {
-    if (!tail && !ahead) return RoundPtr(nullptr, RecycleRound{&broker});
+    if (!tail && !ahead) return NoRound();
     std::chrono::nanoseconds took{0};
     BatchAnswers answers = Await(took);
     // The keys `ahead` holds are known before the tail decides what goes back, so that what of

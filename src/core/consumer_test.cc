@@ -1119,19 +1119,19 @@ TEST(SpareMessagesTest, KeepsAtMostItsBoundAndNoLargeMessage) {
   EXPECT_EQ(spares.size(), SpareMessages::kMaxMessages);
 }
 
-// SetHeader and TrimHeaders fill a header list in place: the strings of the entries kept keep
-// their storage.
+// SetHeader, then a resize to the count set, fill a header list in place: the strings of the
+// entries kept keep their storage.
 TEST(SpareMessagesTest, HeadersAreFilledInPlace) {
   std::vector<std::pair<std::string, std::string>> headers = {
       {"old-name-long-enough-for-the-heap", std::string(100, 'v')}, {"b", "2"}, {"c", "3"}};
   const char* storage = headers[0].second.data();
   internal::SetHeader(headers, 0, "k", "v");
-  internal::TrimHeaders(headers, 1);
+  headers.resize(1);
   ASSERT_EQ(headers.size(), 1u);
   EXPECT_EQ(headers[0], (std::pair<std::string, std::string>{"k", "v"}));
   EXPECT_EQ(headers[0].second.data(), storage);
   internal::SetHeader(headers, 1, "new", "");  // one past the end: appended
-  internal::TrimHeaders(headers, 2);
+  headers.resize(2);
   ASSERT_EQ(headers.size(), 2u);
   EXPECT_EQ(headers[1], (std::pair<std::string, std::string>{"new", ""}));
 }

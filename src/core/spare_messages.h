@@ -49,16 +49,12 @@ class SpareMessages {
 };
 
 // Filling a message's headers in place, keeping their strings' storage: SetHeader for i = 0,
-// 1, ... in order, then TrimHeaders with the count set.
+// 1, ... in order, then resize the list to the count set.
 inline void SetHeader(std::vector<std::pair<std::string, std::string>>& headers, std::size_t i,
                       std::string_view name, std::string_view value) {
   if (i == headers.size()) headers.emplace_back();
   headers[i].first.assign(name);
   headers[i].second.assign(value);
-}
-inline void TrimHeaders(std::vector<std::pair<std::string, std::string>>& headers,
-                        std::size_t count) {
-  headers.resize(count);
 }
 
 }  // namespace idem::internal

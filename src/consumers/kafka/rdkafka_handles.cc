@@ -62,7 +62,7 @@ void CopyHeadersInto(const rd_kafka_message_t* message, Headers& out) {
                                     : std::string_view(static_cast<const char*>(value), size));
     }
   }
-  idem::internal::TrimHeaders(out, n);
+  out.resize(n);
 }
 
 HeaderList NewHeaderList(const Headers& headers) {

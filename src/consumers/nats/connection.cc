@@ -242,7 +242,7 @@ void ReadHeadersInto(natsMsg* msg, Headers& out) {
     }
     std::free(static_cast<void*>(keys));
   }
-  idem::internal::TrimHeaders(out, set);
+  out.resize(set);
 }
 
 Status WriteHeaders(natsMsg* msg, const Headers& headers) {

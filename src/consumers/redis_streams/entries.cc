@@ -120,7 +120,7 @@ const Status& NewEntriesParser::Finish() {
 
 void NewEntriesParser::EndEntry() {
   // A recycled message may have had more headers than this entry.
-  idem::internal::TrimHeaders(message_->headers, headers_);
+  message_->headers.resize(headers_);
   incomplete_ = false;
 }
 
