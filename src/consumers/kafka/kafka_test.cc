@@ -13,6 +13,7 @@
 
 #include "consumers/kafka/kafka_test_cluster.h"
 #include "idem/consumers/kafka.h"
+#include "tests/support/recycled_deliveries.h"
 
 namespace idem::kafka {
 namespace {
@@ -161,17 +162,8 @@ TEST_F(KafkaTest, RecycledMessagesHoldOnlyTheNextDelivery) {
   ASSERT_TRUE(second) << second.error().ToString();
   ASSERT_EQ(second->size(), 3u);
   const std::vector<BrokerMessage>& m = *second;
-  for (std::size_t i = 0; i < m.size(); ++i) {
-    EXPECT_EQ(m[i].partition, topic_ + "/1");
-    EXPECT_EQ(m[i].position, std::to_string(i));
-    EXPECT_EQ(m[i].deliveries, 1u);
-  }
-  EXPECT_EQ(m[0].payload, "s0");
-  EXPECT_THAT(m[0].headers, ::testing::ElementsAre(Pair("Idempotency-Key", "second-0")));
-  EXPECT_EQ(m[1].payload, "s1");
-  EXPECT_TRUE(m[1].headers.empty());
-  EXPECT_EQ(m[2].payload, "");
-  EXPECT_TRUE(m[2].headers.empty());
+  for (std::size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i].position, std::to_string(i));
+  idem::testing::ExpectOnlyTheNextDeliveries(m, topic_ + "/1", {"s0", "s1", ""}, "second-0");
   EXPECT_TRUE(broker->Acknowledge(Pointers(m)).ok());
 }
 

@@ -22,6 +22,7 @@
 
 #include "consumers/nats/connection.h"
 #include "idem/consumers/nats.h"
+#include "tests/support/recycled_deliveries.h"
 #include "tests/support/servers.h"
 
 namespace idem::nats {
@@ -29,7 +30,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 using SteadyClock = std::chrono::steady_clock;
@@ -297,16 +297,8 @@ TEST(NatsBrokerTest, RecycledMessagesHoldOnlyTheNextDelivery) {
   ASSERT_TRUE(p->Publish(n.Subject("second"), "").has_value());
   const auto second = PollN(*b, 3, 5s);
   ASSERT_EQ(second.size(), 3u);
-  for (const auto& m : second) {
-    EXPECT_EQ(m.partition, n.Subject("second"));
-    EXPECT_EQ(m.deliveries, 1u);
-  }
-  EXPECT_EQ(second[0].payload, "s0");
-  EXPECT_THAT(second[0].headers, ElementsAre(Pair("Idempotency-Key", "second-0")));
-  EXPECT_EQ(second[1].payload, "s1");
-  EXPECT_TRUE(second[1].headers.empty());
-  EXPECT_EQ(second[2].payload, "");
-  EXPECT_TRUE(second[2].headers.empty());
+  idem::testing::ExpectOnlyTheNextDeliveries(second, n.Subject("second"), {"s0", "s1", ""},
+                                             "second-0");
   EXPECT_LT(std::stoull(second[0].position), std::stoull(second[1].position));
   EXPECT_TRUE(b->Acknowledge(Ptrs(second)).ok());
 }
