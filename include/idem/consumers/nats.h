@@ -22,7 +22,10 @@
 //                acknowledged), those are gathered as they come back and handed out together
 //                in stream order, and newer messages are NAKed on arrival (to be looked at again
 //                a tenth of ack_wait later) until every one of those came back, or ack_wait +
-//                1 s passed: each subject's order holds across crashes.
+//                1 s passed (twice that when the server still counts some of them pending
+//                then): each subject's order holds across crashes. A subject the consumer
+//                hands a message of back is held as after Redeliver, what the restart hold
+//                released included.
 //   Acknowledge  +ACK each message, then a flush (a round trip to the server), so the acks
 //                have reached the server when it returns ok; kUnavailable otherwise.
 //   Redeliver    -NAK with the delay, message by message in the order given. JetStream keeps

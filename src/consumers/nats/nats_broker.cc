@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -202,7 +203,7 @@ class NatsBroker final : public Broker {
     // reach the server later as a stale request: say so at once instead.
     if (!Connected()) return UnavailableError("nats: not connected to " + shown_url_);
     Sweep();
-    if (restart_hold_ && SteadyClock::now() >= restart_hold_->until) {
+    if (restart_hold_ && SteadyClock::now() >= restart_hold_->until && !ExtendRestartHold()) {
       EndRestartHold();
       if (!ready_.empty()) return TakeReady(max);
     }
@@ -261,7 +262,12 @@ class NatsBroker final : public Broker {
       ReadHeadersInto(msg, m.headers);
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
-      if (Overtakes(m.partition, sequence, owned.get(), now)) continue;
+      if (Overtakes(m.partition, sequence, owned.get(), now)) {
+        if (restart_hold_ && sequence > restart_hold_->last_delivered) {
+          restart_hold_->naked.insert(sequence);
+        }
+        continue;
+      }
       if (restart_hold_) {
         HoldForRestart(std::move(m), std::move(owned), sequence, now);
         continue;
@@ -422,7 +428,8 @@ class NatsBroker final : public Broker {
   // comes back when its delay ends. Meanwhile JetStream lets newer messages out as far as
   // max_ack_pending has room (once the settled ones are acknowledged, ahead of the unsettled
   // ones). So until every message pending at the start is back (or ack_wait and a grace have
-  // passed: one may have gone to another consumer of the durable, or out of the stream):
+  // passed, twice that when the server still counts some pending then: ExtendRestartHold; one
+  // may have gone to another consumer of the durable, or out of the stream):
   //   - those messages are gathered, and then handed out in stream order (ready_);
   //   - a message newer than all of them is NAKed, to be looked at again a step later, and its
   //     subject is held behind it (HoldSubject). After another crash it is one of the pending
@@ -436,7 +443,9 @@ class NatsBroker final : public Broker {
     std::uint64_t last_delivered;  // the newest stream sequence delivered before the start
     std::size_t pending;           // how many messages were pending at the start
     std::map<std::uint64_t, Gathered> gathered;  // by stream sequence
-    SteadyClock::time_point until;               // the hold is given up
+    std::set<std::uint64_t> naked;  // newer messages NAKed meanwhile (pending at the server)
+    SteadyClock::time_point until;  // the hold is given up (or extended once: ExtendRestartHold)
+    bool extended = false;
   };
 
   // `info`: the durable's, as EnsureConsumer found (or made) it at the start.
@@ -461,7 +470,32 @@ class NatsBroker final : public Broker {
     const milliseconds delay =
         std::clamp(std::chrono::ceil<milliseconds>(h.until - now), milliseconds(1), step);
     (void)natsMsg_NakWithDelay(msg.get(), delay.count(), nullptr);
+    h.naked.insert(seq);
     HoldSubject(m.partition, seq, now, delay);
+  }
+
+  // At the hold's deadline with messages still missing: true when the hold goes on for another
+  // ack_wait (and grace), once. A delivery of a missing message may have been lost on its way
+  // (CI saw one delivered to nobody this Broker heard of, and back an ack_wait later, after the
+  // hold had ended: its subject's newer messages had been handed out first). The server is
+  // asked: when it counts more messages pending than those this Broker gathered and NAKed, some
+  // are still out there and due within an ack_wait. When they went to another consumer of the
+  // durable, the hold ends an ack_wait later than it would have; when they left the stream, or
+  // the server cannot be asked, it ends now.
+  bool ExtendRestartHold() {
+    RestartHold& h = *restart_hold_;
+    if (h.extended || h.gathered.size() >= h.pending) return false;
+    h.extended = true;
+    jsConsumerInfo* raw = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
+                                            config_.durable.c_str(), nullptr, &jerr);
+    ConsumerInfoPtr info(raw);
+    if (s != NATS_OK || info == nullptr) return false;
+    const auto held = static_cast<std::int64_t>(h.gathered.size() + h.naked.size());
+    if (info->NumAckPending <= held) return false;
+    h.until = SteadyClock::now() + config_.ack_wait + kHoldGrace;
+    return true;
   }
 
   // A gathered message may wait longer than its ack_wait for the others: +WPI at half of it, so
@@ -491,10 +525,21 @@ class NatsBroker final : public Broker {
     restart_hold_.reset();
   }
 
+  // What a restart hold released, in order. A message of a subject held meanwhile (the consumer
+  // handed back an older one of it) is NAKed like one fetched (Overtakes).
   std::vector<BrokerMessage> TakeReady(std::size_t max) {
     std::vector<BrokerMessage> out;
+    const auto now = SteadyClock::now();
     while (!ready_.empty() && out.size() < max) {
-      out.push_back(std::move(ready_.front()));
+      BrokerMessage& m = ready_.front();
+      if (auto p = pending_.find(m.handle);
+          p != pending_.end() &&
+          Overtakes(m.partition, p->second.sequence, p->second.msg.get(), now)) {
+        pending_.erase(p);
+        ready_.pop_front();
+        continue;
+      }
+      out.push_back(std::move(m));
       ready_.pop_front();
     }
     return out;
