@@ -533,31 +533,43 @@ TEST_F(NatsCrashTest, WhatARestartHoldReleasedWaitsBehindAHandedBackMessage) {
   EXPECT_EQ(TakePayloads(*restarted, 5), (std::vector<std::string>{"x1", "x2", "x3", "x4", "x5"}));
 }
 
+// x0 on one subject, polled by `holder_` (ack_wait 1 s): pending at the next Broker's start.
+class OnePendingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = names_.Config(SharedUrl());
+    config_.ack_wait = 1s;
+    publisher_ = OpenPublisher(SharedUrl());
+    holder_ = Open(config_);
+    ASSERT_TRUE(holder_ && publisher_);
+    ASSERT_TRUE(publisher_->Publish(names_.Subject("x"), "x0").has_value());
+    held_ = PollN(*holder_, 1, 5s);
+    ASSERT_EQ(held_.size(), 1u);
+  }
+
+  Names names_;
+  NatsConsumerConfig config_;
+  std::unique_ptr<Publisher> publisher_;
+  std::unique_ptr<Broker> holder_;
+  std::vector<BrokerMessage> held_;  // x0
+};
+
 // A delivery of a message pending at the start can go astray (here: to another consumer of the
 // durable, which dies with it) and come back only after the hold's deadline. The server still
 // counts it pending then, so the hold goes on for another ack_wait, and it comes first.
-TEST(NatsBrokerTest, ARestartHoldWaitsOnceMoreForAMessageStillPendingAtItsDeadline) {
-  Names n;
-  auto c = n.Config(SharedUrl());
-  c.ack_wait = 1s;
-  auto p = OpenPublisher(SharedUrl());
-  auto first = Open(c);
-  ASSERT_TRUE(first && p);
-  ASSERT_TRUE(p->Publish(n.Subject("x"), "x0").has_value());
-  ASSERT_EQ(PollN(*first, 1, 5s).size(), 1u);
-  first.reset();  // x0 pending, due a second after the poll
-
+TEST_F(OnePendingTest, ARestartHoldWaitsOnceMoreForAMessageStillPendingAtItsDeadline) {
+  holder_.reset();  // killed: x0 is due a second after its poll
   const auto started = SteadyClock::now();
-  auto restarted = Open(c);  // holds until x0 is back, or 2 s from now
-  auto astray = Open(c);     // takes x0's redelivery instead, and keeps it 2.5 s
+  auto restarted = Open(config_);  // holds until x0 is back, or 2 s from now
+  auto astray = Open(config_);     // takes x0's redelivery instead, and keeps it 2.2 s
   ASSERT_TRUE(restarted && astray);
   const auto taken = PollN(*astray, 1, 5s);
   ASSERT_EQ(taken.size(), 1u);
   ASSERT_EQ(taken[0].payload, "x0");
-  ASSERT_TRUE(p->Publish(n.Subject("x"), "x1").has_value());
+  ASSERT_TRUE(publisher_->Publish(names_.Subject("x"), "x1").has_value());
   std::vector<std::string> order;
   while (order.size() < 2 && SteadyClock::now() - started < 10s) {
-    if (astray && SteadyClock::now() - started < 2500ms) {
+    if (astray && SteadyClock::now() - started < 2200ms) {
       ASSERT_TRUE(astray->Touch(Ptrs(taken)).ok());
     } else {
       astray.reset();  // dies with x0: it is due again a second later
@@ -573,23 +585,14 @@ TEST(NatsBrokerTest, ARestartHoldWaitsOnceMoreForAMessageStillPendingAtItsDeadli
 // What was pending at the start may never come back to this Broker (another consumer of the
 // durable has it, or it left the stream): the hold is given up ack_wait and a second after the
 // start, or (the server still counting it pending then) twice that.
-TEST(NatsBrokerTest, ARestartHoldEndsWhenWhatWasPendingGoesElsewhere) {
-  Names n;
-  auto c = n.Config(SharedUrl());
-  c.ack_wait = 1s;
-  auto p = OpenPublisher(SharedUrl());
-  auto other = Open(c);
-  ASSERT_TRUE(other && p);
-  ASSERT_TRUE(p->Publish(n.Subject("x"), "x0").has_value());
-  const auto held = PollN(*other, 1, 5s);
-  ASSERT_EQ(held.size(), 1u);
+TEST_F(OnePendingTest, ARestartHoldEndsWhenWhatWasPendingGoesElsewhere) {
   const auto started = SteadyClock::now();
-  auto restarted = Open(c);
+  auto restarted = Open(config_);
   ASSERT_TRUE(restarted);
-  ASSERT_TRUE(p->Publish(n.Subject("x"), "x1").has_value());
+  ASSERT_TRUE(publisher_->Publish(names_.Subject("x"), "x1").has_value());
   std::vector<BrokerMessage> got;
   while (got.empty() && SteadyClock::now() - started < 10s) {
-    ASSERT_TRUE(other->Touch(Ptrs(held)).ok());  // x0 stays the other consumer's
+    ASSERT_TRUE(holder_->Touch(Ptrs(held_)).ok());  // x0 stays the other consumer's
     auto batch = restarted->Poll(10, 200ms);
     ASSERT_TRUE(batch) << batch.error().ToString();
     for (auto& m : *batch) got.push_back(std::move(m));
@@ -600,7 +603,7 @@ TEST(NatsBrokerTest, ARestartHoldEndsWhenWhatWasPendingGoesElsewhere) {
   EXPECT_GE(took, 4s);  // twice ack_wait + the grace
   EXPECT_LT(took, 7s);
   ASSERT_TRUE(restarted->Acknowledge(Ptrs(got)).ok());
-  ASSERT_TRUE(other->Acknowledge(Ptrs(held)).ok());
+  ASSERT_TRUE(holder_->Acknowledge(Ptrs(held_)).ok());
 }
 
 TEST(NatsBrokerTest, TouchKeepsAMessageFromRedeliveryPastAckWait) {
