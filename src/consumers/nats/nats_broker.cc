@@ -262,12 +262,7 @@ class NatsBroker final : public Broker {
       ReadHeadersInto(msg, m.headers);
       m.deliveries = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           std::max<std::uint64_t>(delivered, 1), std::numeric_limits<std::uint32_t>::max()));
-      if (Overtakes(m.partition, sequence, owned.get(), now)) {
-        if (restart_hold_ && sequence > restart_hold_->last_delivered) {
-          restart_hold_->naked.insert(sequence);
-        }
-        continue;
-      }
+      if (Overtakes(m.partition, sequence, owned.get(), now)) continue;
       if (restart_hold_) {
         HoldForRestart(std::move(m), std::move(owned), sequence, now);
         continue;
@@ -417,6 +412,8 @@ class NatsBroker final : public Broker {
     }
     const auto wait = std::chrono::ceil<milliseconds>(it->second.due - now) + kOvertakerMargin;
     (void)natsMsg_NakWithDelay(msg, std::max<std::int64_t>(wait.count(), 1), nullptr);
+    // During a restart hold, every held subject is held behind a newer message it NAKed.
+    if (restart_hold_) restart_hold_->naked.insert(seq);
     return true;
   }
 
@@ -486,12 +483,9 @@ class NatsBroker final : public Broker {
     RestartHold& h = *restart_hold_;
     if (h.extended || h.gathered.size() >= h.pending) return false;
     h.extended = true;
-    jsConsumerInfo* raw = nullptr;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
-                                            config_.durable.c_str(), nullptr, &jerr);
-    ConsumerInfoPtr info(raw);
-    if (s != NATS_OK || info == nullptr) return false;
+    ConsumerInfoPtr info;
+    jsErrCode jerr{};
+    if (GetConsumerInfo(info, jerr) != NATS_OK || info == nullptr) return false;
     const auto held = static_cast<std::int64_t>(h.gathered.size() + h.naked.size());
     if (info->NumAckPending <= held) return false;
     h.until = SteadyClock::now() + config_.ack_wait + kHoldGrace;
@@ -612,17 +606,25 @@ class NatsBroker final : public Broker {
   Result<std::vector<BrokerMessage>> CheckConsumer(SteadyClock::time_point now) {
     if (now - last_ensure_ < config_.consumer_check_interval) return std::vector<BrokerMessage>{};
     last_ensure_ = now;
-    jsConsumerInfo* raw = nullptr;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
-                                            config_.durable.c_str(), nullptr, &jerr);
-    jsConsumerInfo_Destroy(raw);
+    ConsumerInfoPtr info;
+    jsErrCode jerr{};
+    const natsStatus s = GetConsumerInfo(info, jerr);
     if (s == NATS_OK) return std::vector<BrokerMessage>{};
     if (s == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
       IDEM_RETURN_IF_ERROR(EnsureConsumer());
       return std::vector<BrokerMessage>{};
     }
     return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
+  }
+
+  // The durable's info (config and state) as the server has it now.
+  natsStatus GetConsumerInfo(ConsumerInfoPtr& info, jsErrCode& jerr) {
+    jsConsumerInfo* raw = nullptr;
+    jerr = static_cast<jsErrCode>(0);
+    const natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(),
+                                            config_.durable.c_str(), nullptr, &jerr);
+    info.reset(raw);
+    return s;
   }
 
   // Creates the durable, or updates it to this config; `info`, when given, gets its info as the
@@ -636,16 +638,14 @@ class NatsBroker final : public Broker {
     cc.AckWait = config_.ack_wait.count() * kNanosPerMilli;
     cc.MaxAckPending = config_.max_ack_pending;
     if (!filter_.empty()) cc.FilterSubject = filter_.c_str();
-    jsConsumerInfo* raw = nullptr;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = js_GetConsumerInfo(&raw, js(), config_.stream.c_str(), config_.durable.c_str(),
-                                      nullptr, &jerr);
-    ConsumerInfoPtr info(raw);
+    ConsumerInfoPtr info;
+    jsErrCode jerr{};
+    natsStatus s = GetConsumerInfo(info, jerr);
     const bool exists = s == NATS_OK;
     if (!exists && s != NATS_NOT_FOUND && jerr != JSConsumerNotFoundErr) {
       return UnavailableError(ErrorText("nats: consumer info " + config_.durable, s));
     }
-    raw = nullptr;
+    jsConsumerInfo* raw = nullptr;
     jerr = static_cast<jsErrCode>(0);
     s = exists ? js_UpdateConsumer(&raw, js(), config_.stream.c_str(), &cc, nullptr, &jerr)
                : js_AddConsumer(&raw, js(), config_.stream.c_str(), &cc, nullptr, &jerr);

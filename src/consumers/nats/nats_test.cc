@@ -31,7 +31,6 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
-using ::testing::Pair;
 using SteadyClock = std::chrono::steady_clock;
 
 std::string SharedUrl() {
