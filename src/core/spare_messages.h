@@ -33,12 +33,24 @@ class SpareMessages {
     }
   }
 
-  // A message to fill in: a kept one, whose fields still hold an earlier delivery (set every
-  // one of them), or a new one.
+  // A message to fill in: a new one, or a kept one with its storage but nothing of its earlier
+  // delivery. Its strings are empty, deliveries 1, handle 0; its headers keep their count for
+  // SetHeader, each with an empty name and value, so an adapter that fills fewer of them than
+  // it resizes away, or stops half way (a cut-off read), leaves no earlier delivery's
+  // Idempotency-Key behind: an empty name matches no key header.
   BrokerMessage Take() {
     if (spare_.empty()) return BrokerMessage{};
     BrokerMessage m = std::move(spare_.back());
     spare_.pop_back();
+    m.partition.clear();
+    m.position.clear();
+    m.payload.clear();
+    for (auto& [name, value] : m.headers) {
+      name.clear();
+      value.clear();
+    }
+    m.deliveries = 1;
+    m.handle = 0;
     return m;
   }
 

@@ -423,11 +423,8 @@ Status KafkaBroker::Take(rd_kafka_message_t* message, std::vector<BrokerMessage>
   m.position = std::to_string(message->offset);
   if (message->payload != nullptr) {
     m.payload.assign(static_cast<const char*>(message->payload), message->len);
-  } else {
-    m.payload.clear();
   }
   internal::CopyHeadersInto(message, m.headers);
-  m.deliveries = 1;
   m.handle = state->id;
   if (!state->handbacks.empty()) {
     auto it = state->handbacks.find(message->offset);

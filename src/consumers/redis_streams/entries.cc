@@ -147,12 +147,9 @@ void* NewEntriesParser::Array(const redisReadTask* task, int elements) {
       if (n != 2) {
         p.Bad("an entry of " + std::to_string(n) + " elements");
       } else if (p.current_ != nullptr) {
-        // A recycled message: every field is set here or by the strings that follow.
+        // A blank message (SpareMessages::Take); the strings that follow fill in the rest.
         BrokerMessage& m = p.current_->emplace_back(p.spares_.Take());
         m.partition = p.streams_[p.stream_];
-        m.position.clear();
-        m.payload.clear();
-        m.deliveries = 1;
         m.handle = p.stream_;
         p.message_ = &m;
         p.have_payload_ = false;
