@@ -1,6 +1,5 @@
 #include "consume/runner.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +14,7 @@
 
 #include "cli/store_url.h"
 #include "consume/http_handler.h"
+#include "core/stop_signals.h"
 #include "core/thread_name.h"
 #include "core/url_text.h"
 #include "gateway/admin.h"
@@ -168,13 +168,8 @@ int RunConsume(int argc, char** argv) {
     return kExitUsage;
   }
 
-  // Every thread started below inherits this mask; the main thread takes the signals.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Before any thread starts: they all inherit the mask, and only the main thread takes them.
+  const core::StopSignals stop_signals;
 
   Log log(config.log_level);
   auto store = OpenStore(*store_config);
@@ -242,8 +237,7 @@ int RunConsume(int argc, char** argv) {
               at.host.c_str(), at.port);
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  stop_signals.Wait();
   log.Write("info", "event=stopping");
   for (auto& r : running) r->consumer->Stop();
   for (auto& r : running) {

@@ -47,6 +47,22 @@ bool HeaderNameEquals(std::string_view a, std::string_view b) {
   });
 }
 
+// What a Replay, a Conflict or a stale answer settles, without the handler: every Begin answer
+// but Acquired and Busy, which the caller handles.
+Delivered Settled(std::string key, BeginAnswer& answer) {
+  if (auto* r = std::get_if<Replay>(&answer)) {
+    return Delivered{.delivery = Delivery::kReplayed,
+                     .key = std::move(key),
+                     .outcome = r->outcome,
+                     .response = std::move(r->response),
+                     .attempt = r->attempt};
+  }
+  if (std::holds_alternative<Conflict>(answer)) {
+    return Delivered{.delivery = Delivery::kConflict, .key = std::move(key)};
+  }
+  return Delivered{.delivery = Delivery::kStale, .key = std::move(key)};
+}
+
 using core::Stopwatch;
 using core::StoreError;
 
@@ -328,23 +344,13 @@ Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint
   if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
   if (auto* a = std::get_if<Acquired>(&*answer))
     return Execute(std::move(key), *a, message, handler);
-  if (auto* r = std::get_if<Replay>(&*answer)) {
-    return Delivered{.delivery = Delivery::kReplayed,
-                     .key = std::move(key),
-                     .outcome = r->outcome,
-                     .response = std::move(r->response),
-                     .attempt = r->attempt};
-  }
   if (std::holds_alternative<Busy>(*answer)) {
     if (options_.busy_policy == BusyPolicy::kReject) {
       return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
     }
     return WaitForOutcome(std::move(key), fp, message, handler);
   }
-  if (std::holds_alternative<Conflict>(*answer)) {
-    return Delivered{.delivery = Delivery::kConflict, .key = std::move(key)};
-  }
-  return Delivered{.delivery = Delivery::kStale, .key = std::move(key)};
+  return Settled(std::move(key), *answer);
 }
 
 Result<Delivered> Receiver::WaitForOutcome(std::string key, const std::optional<Fingerprint>& fp,
@@ -364,17 +370,7 @@ Result<Delivered> Receiver::WaitForOutcome(std::string key, const std::optional<
     if (auto* a = std::get_if<Acquired>(&*answer)) {
       return Execute(std::move(key), *a, message, handler);
     }
-    if (auto* r = std::get_if<Replay>(&*answer)) {
-      return Delivered{.delivery = Delivery::kReplayed,
-                       .key = std::move(key),
-                       .outcome = r->outcome,
-                       .response = std::move(r->response),
-                       .attempt = r->attempt};
-    }
-    if (std::holds_alternative<Conflict>(*answer)) {
-      return Delivered{.delivery = Delivery::kConflict, .key = std::move(key)};
-    }
-    return Delivered{.delivery = Delivery::kStale, .key = std::move(key)};
+    return Settled(std::move(key), *answer);
   }
 }
 

@@ -11,7 +11,6 @@
 // and serves until SIGTERM or SIGINT, then shuts down gracefully (server.h).
 // Exit status: 0 after a clean stop, 1 when the store or a listener cannot be opened, 2 for a
 // bad command line or configuration.
-#include <signal.h>
 
 #include <cstdio>
 #include <iostream>
@@ -19,6 +18,7 @@
 
 #include "cli/store_url.h"
 #include "consume/runner.h"
+#include "core/stop_signals.h"
 #include "core/url_text.h"
 #include "gateway/config.h"
 #include "gateway/server.h"
@@ -46,13 +46,8 @@ int Run(int argc, char** argv) {
     return kExitUsage;
   }
 
-  // Every thread the server starts inherits this mask; the main thread takes the signals.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Before any thread starts: they all inherit the mask, and only the main thread takes them.
+  const idem::core::StopSignals stop_signals;
 
   auto store = idem::OpenStore(*store_config);
   if (!store) {
@@ -72,8 +67,7 @@ int Run(int argc, char** argv) {
               admin.host.c_str(), admin.port);
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  stop_signals.Wait();
   (*server)->Shutdown();
   return 0;
 }

@@ -157,6 +157,17 @@ void FillExtend(Op& op, const ExtendRequest& r, Timestamp now,
   op.Order(kOrderRecords, r.scope, r.key);
 }
 
+// A release of a record or an entity version: (scope, name, token, now), the same for both.
+void FillRelease(Op& op, const char* statement, OrderClass order, std::string_view scope,
+                 std::string_view name, Token token, Timestamp now) {
+  op.statement = statement;
+  op.params.Bytes(scope);
+  op.params.Bytes(name);
+  op.params.Int8(TokenParam(token));
+  op.params.Int8(Millis(now));
+  op.Order(order, scope, name);
+}
+
 // "(block,0)": the first tuple of a block, as a tid in text form.
 std::string BlockTid(std::uint64_t block) {
   if (block > 0xFFFFFFFFu) return "(4294967295,65535)";
@@ -297,12 +308,7 @@ Result<WriteAnswer> PostgresStore::Release(std::string_view scope, std::string_v
                                            Token token) {
   IDEM_RETURN_IF_ERROR(core::CheckRecordId(scope, key, options_.max_key_bytes));
   Op op;
-  op.statement = kRelease;
-  op.params.Bytes(scope);
-  op.params.Bytes(key);
-  op.params.Int8(TokenParam(token));
-  op.params.Int8(Millis(clock_->Now()));
-  op.Order(kOrderRecords, scope, key);
+  FillRelease(op, kRelease, kOrderRecords, scope, key, token, clock_->Now());
   Run({&op, 1});
   return AffectedAnswer(op);
 }
@@ -916,12 +922,7 @@ Result<WriteAnswer> PostgresStore::ReleaseVersioned(std::string_view scope, std:
                                                     Token token) {
   IDEM_RETURN_IF_ERROR(CheckEntity(scope, entity));
   Op op;
-  op.statement = kReleaseVer;
-  op.params.Bytes(scope);
-  op.params.Bytes(entity);
-  op.params.Int8(TokenParam(token));
-  op.params.Int8(Millis(clock_->Now()));
-  op.Order(kOrderEntities, scope, entity);
+  FillRelease(op, kReleaseVer, kOrderEntities, scope, entity, token, clock_->Now());
   Run({&op, 1});
   return AffectedAnswer(op);
 }
