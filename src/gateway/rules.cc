@@ -536,6 +536,11 @@ Problem HeadersTooLarge() {
               "The request's header section is larger than the configured limit.");
 }
 
+Problem TargetTooLong() {
+  return Make(414, "https://idem.dev/problems/target-too-long", "Request target too long",
+              "The request line alone is longer than the configured header limit.");
+}
+
 Problem InvalidBody(std::string detail) {
   return Make(400, "https://idem.dev/problems/invalid-body", "Invalid request body",
               std::move(detail));

@@ -129,6 +129,7 @@ Problem InFlight(std::string_view key);        // 409: first request still upstr
 Problem StoreUnavailable(std::string detail);  // 503 (+ Retry-After from the server)
 Problem BodyTooLarge(std::uint64_t limit);     // 413
 Problem HeadersTooLarge();                     // 431
+Problem TargetTooLong();                       // 414: the request line alone is over the limit
 Problem InvalidBody(std::string detail);       // 400: e.g. a JSON body that does not parse
 Problem InvalidTarget(std::string detail);     // 400: a request target idemd cannot route
 Problem UpstreamFailed(std::string detail);    // 502

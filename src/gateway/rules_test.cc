@@ -581,6 +581,7 @@ TEST(ProblemsTest, StatusesAndTypes) {
       {problems::StoreUnavailable("down"), 503, "store-unavailable"},
       {problems::BodyTooLarge(1024), 413, "body-too-large"},
       {problems::HeadersTooLarge(), 431, "headers-too-large"},
+      {problems::TargetTooLong(), 414, "target-too-long"},
       {problems::InvalidBody("bad json"), 400, "invalid-body"},
       {problems::InvalidTarget("no host"), 400, "invalid-target"},
       {problems::UpstreamFailed("refused"), 502, "upstream-failed"},

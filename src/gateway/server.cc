@@ -1119,7 +1119,10 @@ struct Server::Impl {
     if (ec) {
       std::optional<Problem> problem;
       if (ec == http::error::header_limit) {
-        problem = problems::HeadersTooLarge();
+        // The parser takes the request line, then each header line, as each is complete: with
+        // no target yet, the request line alone (in practice its target) is what is too long.
+        problem =
+            parser.get().target().empty() ? problems::TargetTooLong() : problems::HeadersTooLarge();
       } else if (ec == http::error::body_limit) {
         problem = problems::BodyTooLarge(config.max_body_bytes);
       } else if (ec == beast::error::timeout) {

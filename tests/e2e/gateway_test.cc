@@ -511,6 +511,17 @@ TEST_P(GatewayStoresTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
 
   EXPECT_EQ(Charge("big", std::string(2000, ' ') + std::string(kCharge)).status, 413);
   EXPECT_EQ(Charge("hdr", kCharge, {{"X-Filler", std::string(4000, 'x')}}).status, 431);
+  // A request line longer than the whole header limit: its target is what is too long.
+  auto long_target = HttpConnection::Connect("127.0.0.1", port_);
+  ASSERT_TRUE(long_target.has_value());
+  ASSERT_TRUE(long_target
+                  ->RawSend("POST /charges?" + std::string(4000, 'q') +
+                            " HTTP/1.1\r\nHost: x\r\nIdempotency-Key: long-target\r\n"
+                            "Content-Length: 2\r\n\r\n{}")
+                  .ok());
+  auto long_target_answer = long_target->ReadResponse();
+  ASSERT_TRUE(long_target_answer.has_value()) << long_target_answer.status().ToString();
+  EXPECT_EQ(long_target_answer->status, 414);
   auto garbage = HttpConnection::Connect("127.0.0.1", port_);
   ASSERT_TRUE(garbage.has_value());
   ASSERT_TRUE(garbage->RawSend("NOT HTTP AT ALL\r\n\r\n").ok());
