@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string_view>
+#include <variant>
 
 #include "cli/store_url.h"
 #include "consume/runner.h"
@@ -49,6 +50,13 @@ int Run(int argc, char** argv) {
   // Before any thread starts: they all inherit the mask, and only the main thread takes them.
   const idem::core::StopSignals stop_signals;
 
+  // The gateway's I/O threads serve many connections each: none of them should wait ~5 ms for
+  // a huge page of a growing memory or log store to be cleared (MemoryStoreOptions).
+  if (auto* memory = std::get_if<idem::MemoryStoreOptions>(&*store_config)) {
+    memory->prepare_on_own_thread = true;
+  } else if (auto* log = std::get_if<idem::LogStoreOptions>(&*store_config)) {
+    log->prepare_on_own_thread = true;
+  }
   auto store = idem::OpenStore(*store_config);
   if (!store) {
     std::cerr << "idemd: cannot open the store '" << idem::core::RedactUrlPassword(config.store)

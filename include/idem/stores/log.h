@@ -44,6 +44,7 @@ struct LogStoreOptions {
   std::size_t max_key_bytes = kDefaultMaxKeyBytes;
   std::chrono::milliseconds abandoned_retention{24 * 3600 * 1000};
   std::chrono::milliseconds reclaim_interval{1000};  // 0: no background reaper
+  bool prepare_on_own_thread = false;                // as MemoryStoreOptions says
   std::uint64_t segment_bytes = 64u << 20;           // a new log segment past this size
   // Compaction rewrites the live state when the log is larger than this many times the live
   // data and larger than compact_min_bytes. 0 for compact_ratio turns it off.

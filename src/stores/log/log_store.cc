@@ -534,6 +534,7 @@ Status LogStore::Open() {
   // store's data: it is fixed.
   mem.shards = kLogStoreShards;
   mem.reclaim_interval = options_.reclaim_interval;
+  mem.prepare_on_own_thread = options_.prepare_on_own_thread;
   engine_ = Engine::Create(mem, &journal_);
 
   Recovered rec;

@@ -33,11 +33,12 @@ bool PopulateForWrite(char* p, std::size_t bytes) {
 #endif
 }
 
-void FaultAhead::Populate(std::size_t used) {
+void FaultAhead::Populate(std::size_t used, std::size_t pages_ahead) {
   if (busy_.exchange(true, std::memory_order_acquire)) return;  // another caller is at it
   std::size_t at = populated_.load(std::memory_order_relaxed);
-  // One huge page beyond the one in use: the next caller to cross into it finds it resident.
-  const std::size_t want = std::min(range_.bytes, (used / kHugePageBytes + 2) * kHugePageBytes);
+  // Huge pages beyond the one in use: the next caller to cross into one finds it resident.
+  const std::size_t want =
+      std::min(range_.bytes, (used / kHugePageBytes + 1 + pages_ahead) * kHugePageBytes);
   while (at < want) {
     if (!PopulateForWrite(range_.base + at, kHugePageBytes)) {
       // An older kernel, or no memory now (the writer's own fault reports that as it always

@@ -35,25 +35,29 @@ bool PopulateForWrite(char* p, std::size_t bytes);
 // whose host takes freed memory back, so ~5 ms) is taken by a caller before it locks a shard,
 // not inside the lock, where it stalls every other caller of that shard. Until half of the
 // first 2 MiB (small pages, see ReserveAddressRange) is in use nothing is populated, so a small
-// store stays small; from then on the huge page after the one in use is resident (at most
-// 4 MiB beyond what is used). Populating never changes a page's contents, so it may race with
-// writers of the same pages. Thread-safe; one caller populates at a time, the others go on.
+// store stays small; from then on the `pages_ahead` huge pages after the one in use are
+// resident (by default one: at most 4 MiB beyond what is used). Populating never changes a page's
+// contents, so it may race with writers of the same pages. Thread-safe; one caller populates at a
+// time, the others go on.
 class FaultAhead {
  public:
   explicit FaultAhead(AddressRange range) : range_(range) {}
 
   // `used`: bytes from the range's start that are handed out. Cheap when nothing is to do.
-  void Keep(std::size_t used) {
-    if (used < kHugePageBytes / 2) return;
-    if (used + kHugePageBytes <= populated_.load(std::memory_order_relaxed)) return;
-    Populate(used);
+  void Keep(std::size_t used, std::size_t pages_ahead = 1) {
+    if (Wants(used, pages_ahead)) Populate(used, pages_ahead);
+  }
+  // Whether Keep(used, pages_ahead) would populate anything.
+  bool Wants(std::size_t used, std::size_t pages_ahead = 1) const {
+    return used >= kHugePageBytes / 2 &&
+           used + pages_ahead * kHugePageBytes > populated_.load(std::memory_order_relaxed);
   }
 
   // Bytes populated ahead of use so far (tests).
   std::size_t populated() const { return populated_.load(std::memory_order_relaxed); }
 
  private:
-  void Populate(std::size_t used);
+  void Populate(std::size_t used, std::size_t pages_ahead);
 
   const AddressRange range_;
   std::atomic<std::size_t> populated_{kHugePageBytes};

@@ -39,12 +39,16 @@ class BlobArena {
   // The first grain of a fresh run (never 0), or nullopt when the range is used up.
   std::optional<std::uint32_t> NewRun();
   // Makes the pages the next runs will use resident now (FaultAhead): call outside locks.
-  void PrefaultNext() {
-    fault_ahead_.Keep(std::size_t{runs_.load(std::memory_order_relaxed)} * kRunGrains * kGrain);
+  void PrefaultNext(std::size_t pages_ahead = 1) { fault_ahead_.Keep(used(), pages_ahead); }
+  bool WantsPrefault(std::size_t pages_ahead = 1) const {
+    return fault_ahead_.Wants(used(), pages_ahead);
   }
 
  private:
   explicit BlobArena(AddressRange range);
+  std::size_t used() const {
+    return std::size_t{runs_.load(std::memory_order_relaxed)} * kRunGrains * kGrain;
+  }
 
   char* base_ = nullptr;
   std::size_t reserved_bytes_ = 0;

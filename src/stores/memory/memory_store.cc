@@ -556,12 +556,46 @@ class MemoryStore final : public memory_internal::Engine {
     if (Status st = journal_->Wait(ticket); !st.ok()) r = std::move(st);
   }
 
-  // Before a shard lock: the page a new record or blob would fault in is made resident here
-  // instead, where it stalls only this caller (FaultAhead, address_range.h).
-  void PrefaultArenas() {
+  // Before a shard lock, what a change would otherwise do under it, stalling every caller of
+  // the shard: fault in the page a new record or blob will use (FaultAhead, address_range.h),
+  // make a growing index's next table (SlotIndex::PrepareGrowth). By default the caller does it
+  // here, where it stalls only this caller. With a preparer (prepare_on_own_thread) the caller
+  // asks it, which keeps the arenas kPreparerPagesAhead huge pages ahead, and does the work
+  // itself only as the fallback: an arena's next page still not resident when the page in use
+  // is nearly full.
+  void PrepareIndex(Shard& sh) {
+    if (!preparer_.joinable()) {
+      sh.index.PrepareGrowth();
+    } else if (sh.index.WantsSpare()) {
+      AskPreparer();
+    }
+  }
+  void PrepareArenas() {
+    if (preparer_.joinable() && (arena_.WantsPrefault(kPreparerPagesAhead) ||
+                                 blob_arena_.WantsPrefault(kPreparerPagesAhead))) {
+      AskPreparer();
+    }
     arena_.PrefaultNext();
     blob_arena_.PrefaultNext();
   }
+  void PrepareBlobs() {  // a completion stores a response, never a new record
+    if (preparer_.joinable() && blob_arena_.WantsPrefault(kPreparerPagesAhead)) AskPreparer();
+    blob_arena_.PrefaultNext();
+  }
+  // Wakes the preparer unless it was asked already and has not started since.
+  void AskPreparer() {
+    if (prepare_asked_.load(std::memory_order_relaxed) ||
+        prepare_asked_.exchange(true, std::memory_order_relaxed)) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(prepare_mu_);
+      prepare_wanted_ = true;
+    }
+    prepare_cv_.notify_one();
+  }
+  void PreparerLoop();
+  static constexpr std::size_t kPreparerPagesAhead = 2;
 
   std::size_t ShardIndex(std::uint64_t hash) const {
     return bits_ == 0 ? 0 : static_cast<std::size_t>(hash >> (64 - bits_));
@@ -604,6 +638,12 @@ class MemoryStore final : public memory_internal::Engine {
   std::condition_variable reaper_cv_;
   std::atomic<bool> stopping_{false};
   std::thread reaper_;
+
+  std::mutex prepare_mu_;
+  std::condition_variable prepare_cv_;
+  bool prepare_wanted_ = false;  // guarded by prepare_mu_
+  std::atomic<bool> prepare_asked_{false};
+  std::thread preparer_;  // prepare_on_own_thread
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -633,6 +673,12 @@ MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journ
       ReaperLoop(interval);
     });
   }
+  if (options.prepare_on_own_thread) {
+    preparer_ = std::thread([this] {
+      core::NameThisThread("idem-prepare");
+      PreparerLoop();
+    });
+  }
 }
 
 MemoryStore::~MemoryStore() {
@@ -642,6 +688,12 @@ MemoryStore::~MemoryStore() {
   }
   reaper_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  {
+    // stopping_ is set: a preparer that has not yet checked it sees it, one that has is waiting.
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+  }
+  prepare_cv_.notify_all();
+  if (preparer_.joinable()) preparer_.join();
 }
 
 // ---- records ----
@@ -653,8 +705,8 @@ Result<BeginAnswer> MemoryStore::Begin(const BeginRequest& req) {
   Shard& sh = ShardFor(id.shard_hash);
   // The index line's miss overlaps the clock read and the lock.
   sh.index.Prefetch(id.tag());
-  sh.index.PrepareGrowth();
-  PrefaultArenas();
+  PrepareIndex(sh);
+  PrepareArenas();
   const Timestamp now = clock_->Now();
   return UnderLock<BeginAnswer>(sh, [&](std::uint64_t& ticket) -> Result<BeginAnswer> {
     return BeginLocked(sh, id, req, now, ticket);
@@ -719,7 +771,7 @@ Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   sh.index.Prefetch(id.tag());
-  blob_arena_.PrefaultNext();  // a completion stores a response, never a new record
+  PrepareBlobs();
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     return Result<WriteAnswer>(CompleteLocked(sh, id, req, now, ticket));
@@ -858,9 +910,9 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
     ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key, fixed_shards_);
     shard_of[i] = static_cast<std::uint32_t>(ShardIndex(ids[i].shard_hash));
     shards_[shard_of[i]].index.Prefetch(ids[i].tag());
-    shards_[shard_of[i]].index.PrepareGrowth();
+    PrepareIndex(shards_[shard_of[i]]);
   }
-  PrefaultArenas();
+  PrepareArenas();
   const std::vector<std::uint32_t> order = OrderByShard(shard_of);
   // A chunk at a time, so a huge batch does not hold every shard for long.
   if (journal_ != nullptr) journal_->BeginGroup();
@@ -1029,6 +1081,23 @@ std::uint64_t MemoryStore::ReapShard(Shard& sh) {
   }
   std::lock_guard<SpinLock> lock(sh.mu);
   return n + sh.ReapKeyed(clock_->Now());
+}
+
+void MemoryStore::PreparerLoop() {
+  std::unique_lock<std::mutex> lock(prepare_mu_);
+  while (true) {
+    prepare_cv_.wait(lock, [&] { return prepare_wanted_ || stopping_.load(); });
+    if (stopping_.load()) return;
+    prepare_wanted_ = false;
+    lock.unlock();
+    // From here on a new need asks again. A full fence: a caller whose need this pass misses
+    // sees the flag cleared, and asks.
+    prepare_asked_.exchange(false);
+    arena_.PrefaultNext(kPreparerPagesAhead);
+    blob_arena_.PrefaultNext(kPreparerPagesAhead);
+    for (std::size_t i = 0; i < shard_count_; ++i) shards_[i].index.PrepareGrowth();
+    lock.lock();
+  }
 }
 
 Result<std::uint64_t> MemoryStore::Purge() {

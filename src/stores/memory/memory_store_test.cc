@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -337,6 +340,14 @@ TEST(FaultAheadTest, PopulatesAheadOfUseWithoutChangingContents) {
   ahead.Keep(12 * kHugePageBytes);
   EXPECT_GE(ahead.populated(), 13 * kHugePageBytes);
   EXPECT_LE(ahead.populated(), range.bytes);
+  // Further ahead on request (the preparer thread's two pages), never past the range.
+  EXPECT_TRUE(ahead.Wants(12 * kHugePageBytes, 2));
+  ahead.Keep(12 * kHugePageBytes, 2);
+  EXPECT_EQ(ahead.populated(), 15 * kHugePageBytes);
+  EXPECT_FALSE(ahead.Wants(12 * kHugePageBytes, 2));
+  EXPECT_FALSE(ahead.Wants(13 * kHugePageBytes - 1, 1));
+  ahead.Keep(15 * kHugePageBytes, 2);
+  EXPECT_EQ(ahead.populated(), range.bytes);
   for (std::size_t i = 0; i < 4096; ++i) {
     ASSERT_EQ(static_cast<unsigned char>(range.base[3 * kHugePageBytes + i]), 0x5A);
   }
@@ -346,10 +357,18 @@ TEST(FaultAheadTest, PopulatesAheadOfUseWithoutChangingContents) {
 
 // Four threads fill one shard with new records, half of them through the batch calls, so its
 // index grows through several spare tables made outside the lock while the other threads insert,
-// and the record and blob arenas are populated ahead of use past their first 2 MiB. No record is
-// lost or mixed up with another.
-TEST_F(MemoryStoreTest, ThreadsFillingOneShardThroughItsGrowthsLoseNoRecord) {
-  auto store = Make(/*shards=*/1);
+// and the record and blob arenas are populated ahead of use past their first 2 MiB: by the
+// callers, or by the store's preparer thread racing them. No record is lost or mixed up with
+// another.
+class MemoryStoreFillTest : public MemoryStoreTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(MemoryStoreFillTest, ThreadsFillingOneShardThroughItsGrowthsLoseNoRecord) {
+  MemoryStoreOptions o;
+  o.clock = &clock_;
+  o.shards = 1;
+  o.reclaim_interval = milliseconds(0);
+  o.prepare_on_own_thread = GetParam();
+  auto store = NewMemoryStore(o);
   constexpr int kThreads = 4;
   constexpr std::uint64_t kPerThread = 40'000;  // 160 k records: ~7.7 MB of slots
   constexpr std::size_t kBatch = 16;
@@ -413,6 +432,50 @@ TEST_F(MemoryStoreTest, ThreadsFillingOneShardThroughItsGrowthsLoseNoRecord) {
   const Result<StoreStats> stats = store->Stats();
   ASSERT_TRUE(stats.has_value());
   EXPECT_EQ(stats->completed, kThreads * kPerThread);
+}
+
+INSTANTIATE_TEST_SUITE_P(Preparation, MemoryStoreFillTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "OwnThread" : "Callers"; });
+
+// The names of this process's threads.
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  return names;
+}
+
+// With prepare_on_own_thread the store runs one preparer thread, from its construction to its
+// destruction, which does not wait for work it was never given.
+TEST_F(MemoryStoreTest, ThePreparerThreadLivesExactlyAsLongAsItsStore) {
+  const auto preparers = [] {
+    const std::vector<std::string> names = ThreadNames();
+    return std::count(names.begin(), names.end(), "idem-prepare");
+  };
+  // A new thread names itself once it runs: give it a moment.
+  const auto eventually = [&](std::ptrdiff_t n) {
+    for (int i = 0; i < 500 && preparers() != n; ++i) std::this_thread::sleep_for(milliseconds(10));
+    return preparers();
+  };
+  ASSERT_EQ(preparers(), 0);
+  MemoryStoreOptions o;
+  o.clock = &clock_;
+  o.reclaim_interval = milliseconds(0);
+  o.prepare_on_own_thread = true;
+  auto store = NewMemoryStore(o);
+  EXPECT_EQ(eventually(1), 1);
+  const Token t = MustAcquire(*store, "", "k");
+  MustComplete(*store, "", "k", t, "r");
+  const auto start = std::chrono::steady_clock::now();
+  store.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(preparers(), 0);
+  o.prepare_on_own_thread = false;
+  store = NewMemoryStore(o);
+  EXPECT_EQ(preparers(), 0);
 }
 
 // Records whose blobs sit on either side of the pooled limit (key, fingerprint and response

@@ -70,6 +70,9 @@ class SlotIndex {
     MakeSpare();
   }
 
+  // Whether PrepareGrowth has a table to make: safe without the shard lock.
+  bool WantsSpare() const { return want_spare_.load(std::memory_order_relaxed); }
+
   std::size_t size() const { return size_; }
   // Growths that took a table PrepareGrowth had made (tests).
   std::uint32_t spares_taken() const { return spares_taken_; }

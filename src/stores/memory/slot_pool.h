@@ -125,7 +125,10 @@ class SlotArena {
   }
   std::size_t bytes() const { return slots() * sizeof(Slot); }
   // Makes the pages the next runs will use resident now (FaultAhead): call outside locks.
-  void PrefaultNext() { fault_ahead_.Keep(bytes()); }
+  void PrefaultNext(std::size_t pages_ahead = 1) { fault_ahead_.Keep(bytes(), pages_ahead); }
+  bool WantsPrefault(std::size_t pages_ahead = 1) const {
+    return fault_ahead_.Wants(bytes(), pages_ahead);
+  }
 
  private:
   explicit SlotArena(AddressRange range);
