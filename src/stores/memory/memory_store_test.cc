@@ -435,7 +435,7 @@ TEST_P(MemoryStoreFillTest, ThreadsFillingOneShardThroughItsGrowthsLoseNoRecord)
 }
 
 INSTANTIATE_TEST_SUITE_P(Preparation, MemoryStoreFillTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "OwnThread" : "Callers"; });
+                         [](const auto& p) { return p.param ? "OwnThread" : "Callers"; });
 
 // The names of this process's threads.
 std::vector<std::string> ThreadNames() {
