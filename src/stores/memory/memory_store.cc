@@ -570,17 +570,14 @@ class MemoryStore final : public memory_internal::Engine {
       AskPreparer();
     }
   }
-  void PrepareArenas() {
-    if (preparer_.joinable() && (arena_.WantsPrefault(kPreparerPagesAhead) ||
-                                 blob_arena_.WantsPrefault(kPreparerPagesAhead))) {
-      AskPreparer();
-    }
-    arena_.PrefaultNext();
-    blob_arena_.PrefaultNext();
+  template <typename Arena>  // SlotArena or BlobArena
+  void PrepareArena(Arena& arena) {
+    if (preparer_.joinable() && arena.WantsPrefault(kPreparerPagesAhead)) AskPreparer();
+    arena.PrefaultNext();
   }
-  void PrepareBlobs() {  // a completion stores a response, never a new record
-    if (preparer_.joinable() && blob_arena_.WantsPrefault(kPreparerPagesAhead)) AskPreparer();
-    blob_arena_.PrefaultNext();
+  void PrepareArenas() {
+    PrepareArena(arena_);
+    PrepareArena(blob_arena_);
   }
   // Wakes the preparer unless it was asked already and has not started since.
   void AskPreparer() {
@@ -771,7 +768,7 @@ Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   sh.index.Prefetch(id.tag());
-  PrepareBlobs();
+  PrepareArena(blob_arena_);  // a completion stores a response, never a new record
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
     return Result<WriteAnswer>(CompleteLocked(sh, id, req, now, ticket));
