@@ -46,7 +46,8 @@ class LeaseKeeper;
 enum class BusyPolicy : std::uint8_t {
   kReject,    // answer kBusy at once
   kWait,      // poll the store until the outcome is there or busy_wait runs out
-  kCoalesce,  // duplicates in this process wait for the first execution; others as kWait
+  kCoalesce,  // duplicates in this process wait for the first execution (up to busy_wait of
+              // real time, not the Clock's); others as kWait
 };
 enum class FailurePolicy : std::uint8_t {
   kRelease,   // a failed handler releases the key: the next delivery runs again (default)
@@ -131,8 +132,10 @@ struct Delivered {
 };
 
 // Counts one answer of Store::Begin in `metrics` (SPEC §7): its idem_begin_total answer (and a
-// lease takeover when attempt > 1), or a store error. Every caller of Begin that reports
-// metrics (the receiver, the transactional receiver, idemd) counts through this.
+// lease takeover when attempt > 1), or a store error (not kInvalidArgument: input the store
+// refused is the caller's error). Every caller of Begin that reports metrics (the receiver, the
+// transactional receiver, idemd) counts through this, once per delivery: a caller that polls a
+// busy key counts only the answer the delivery ended with.
 void CountBegin(Metrics& metrics, const Result<BeginAnswer>& answer);
 
 class Receiver {
@@ -143,7 +146,7 @@ class Receiver {
   Receiver& operator=(const Receiver&) = delete;
 
   // kInvalidArgument, before anything else, when the options' lease or retentions are out of
-  // range (above 0, at most 100 years).
+  // range (above 0, at most 10 years).
   Result<Delivered> Receive(const Message& message, const Handler& handler);
 
   // The key Receive would use for `message`, validated.

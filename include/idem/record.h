@@ -48,7 +48,8 @@ struct BeginRequest {
 };
 
 // The caller owns the key until it completes, releases or loses the lease.
-// attempt > 1 means a takeover of an earlier worker whose lease ran out.
+// attempt > 1 means a takeover of an earlier worker whose lease ran out. The count stops at
+// 65535 on the memory and log stores, at 2^32 - 1 on Redis and PostgreSQL.
 struct Acquired {
   Token token = 0;
   std::uint32_t attempt = 1;

@@ -34,6 +34,8 @@ struct ListFilter {
   std::size_t limit = 1000;
 };
 
+// Counts of what the store holds. Records, sessions and entities that expired count until the
+// reaper (or Purge) reclaims them, at most reclaim_interval later where the store has one.
 struct StoreStats {
   std::uint64_t in_progress = 0;
   std::uint64_t completed = 0;
@@ -106,7 +108,9 @@ class Store {
   virtual Result<SessionInfo> OpenSession(const SessionRequest& req) = 0;
   // seq 0 -> kInvalidArgument. Unknown or expired session -> kFailedPrecondition.
   // seq <= low water -> Stale. seq > low water + window -> kResourceExhausted.
-  // Otherwise answers as Begin does for that number's record.
+  // Otherwise answers as Begin does for that number's record. The request's `ack` is applied
+  // first (so it may make room for seq), except when the request is refused: a refused request
+  // changes nothing, its ack included; the client's next request carries the ack again.
   virtual Result<BeginAnswer> BeginSequenced(const SequencedBeginRequest& req) = 0;
   // The record is kept until acknowledged or until the session expires.
   virtual Result<WriteAnswer> CompleteSequenced(const SequencedCompleteRequest& req) = 0;

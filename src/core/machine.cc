@@ -1,6 +1,5 @@
 #include "core/machine.h"
 
-#include <limits>
 #include <string>
 
 #include "idem/key.h"
@@ -8,9 +7,7 @@
 namespace idem::core {
 namespace {
 
-std::uint32_t NextAttempt(std::uint32_t a) {
-  return a == std::numeric_limits<std::uint32_t>::max() ? a : a + 1;
-}
+std::uint32_t NextAttempt(std::uint32_t a) { return a >= kMaxAttempt ? kMaxAttempt : a + 1; }
 
 bool Owns(const RecordHead* h, Token token, Timestamp now) {
   return h != nullptr && IsLive(*h, now) && h->state == RecordState::kInProgress &&
@@ -138,13 +135,17 @@ Status CheckDuration(std::string_view what, std::chrono::milliseconds d) {
   }
   if (d > kMaxDuration) {
     return InvalidArgumentError(std::string(what) + " of " + std::to_string(d.count()) +
-                                "ms is over the limit of 100 years");
+                                "ms is over the limit of " + std::string(kMaxDurationText));
   }
   return OkStatus();
 }
 }  // namespace
 
 Status CheckLease(std::chrono::milliseconds lease) { return CheckDuration("lease", lease); }
+
+Status CheckAbandonedRetention(std::chrono::milliseconds d) {
+  return CheckDuration("abandoned_retention", d);
+}
 
 Status CheckRetention(std::chrono::milliseconds retention) {
   return CheckDuration("retention", retention);

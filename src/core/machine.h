@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string_view>
 
 #include "idem/key.h"
 #include "idem/record.h"
@@ -120,10 +121,18 @@ EntityWrite DecideCompleteVersioned(const EntityHead* current, Token token,
 // In progress under `token` -> nothing in progress (the applied version stays).
 EntityWrite DecideReleaseVersioned(const EntityHead* current, Token token, Timestamp now);
 
+// The attempt count a takeover stops raising: the memory store (and so the log store) keeps it
+// in 16 bits. A key taken over this often is stuck, not retried. (Redis and PostgreSQL count to
+// 2^32 - 1 in scripts of their own.)
+inline constexpr std::uint32_t kMaxAttempt = 0xFFFF;
+
 // ---- input checks shared by every store ----
 
-// Longer durations are surely mistakes, and would overflow time arithmetic.
-inline constexpr std::chrono::milliseconds kMaxDuration{100LL * 366 * 24 * 3600 * 1000};
+// The longest lease or retention a store accepts. The memory store (and so the log store)
+// keeps deadlines as 40-bit millisecond offsets (about 17 years, slot_pool.h): a longer one
+// would be cut short silently, forgetting a record early. Longer ones are mistakes anyway.
+inline constexpr std::chrono::milliseconds kMaxDuration{10LL * 366 * 24 * 3600 * 1000};
+inline constexpr std::string_view kMaxDurationText = "10 years";
 
 // Every call checks its input, so the common case (all in range) is decided inline and the
 // error, with its message, is built out of line.
@@ -156,6 +165,8 @@ inline Status CheckExtend(const ExtendRequest& r, std::size_t max_key_bytes) {
   return CheckLease(r.lease);
 }
 Status CheckRetention(std::chrono::milliseconds retention);
+// A store's abandoned_retention option: above 0, at most kMaxDuration.
+Status CheckAbandonedRetention(std::chrono::milliseconds d);
 Status CheckSession(const SessionRequest& r, std::size_t max_key_bytes);
 Status CheckSequenced(const SequencedBeginRequest& r, std::size_t max_key_bytes);
 Status CheckVersioned(const VersionedBeginRequest& r, std::size_t max_key_bytes);

@@ -90,13 +90,20 @@ Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::str
   return InternalError("unknown fingerprint mode");
 }
 
-Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics) {
+Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics,
+                               bool polls_on_busy) {
   Stopwatch sw;
   auto answer = store.Begin(req);
   if (metrics == nullptr) return answer;
   metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
-  CountBegin(*metrics, answer);
+  if (!polls_on_busy || !answer || !std::holds_alternative<Busy>(*answer)) {
+    CountBegin(*metrics, answer);
+  }
   return answer;
+}
+
+void CountBusy(Metrics* metrics) {
+  if (metrics != nullptr) metrics->begin_busy->Inc();
 }
 
 LeaseHold::LeaseHold(LeaseKeeper* keeper, Store& store, Clock& clock,
@@ -312,7 +319,9 @@ Result<Delivered> Receiver::Receive(const Message& message, const Handler& handl
 
 void CountBegin(Metrics& m, const Result<BeginAnswer>& answer) {
   if (!answer) {
-    m.store_errors->Inc();
+    // kInvalidArgument: the store refused the request's input (a key over its own limit), an
+    // error of the caller's, not the store's.
+    if (answer.error().code() != StatusCode::kInvalidArgument) m.store_errors->Inc();
     return;
   }
   std::visit(
@@ -335,7 +344,8 @@ void CountBegin(Metrics& m, const Result<BeginAnswer>& answer) {
 }
 
 Result<BeginAnswer> Receiver::TimedBegin(const BeginRequest& req) {
-  return core::TimedBegin(store_, req, options_.metrics);
+  return core::TimedBegin(store_, req, options_.metrics,
+                          options_.busy_policy != BusyPolicy::kReject);
 }
 
 Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint>& fp,
@@ -360,7 +370,10 @@ Result<Delivered> Receiver::WaitForOutcome(std::string key, const std::optional<
   constexpr std::chrono::milliseconds kMaxBackoff{50};
   for (;;) {
     Timestamp now = clock_.Now();
-    if (now >= deadline) return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
+    if (now >= deadline) {
+      core::CountBusy(options_.metrics);
+      return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
+    }
     clock_.SleepFor(
         std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
     backoff = std::min(backoff * 2, kMaxBackoff);

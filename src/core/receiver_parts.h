@@ -30,8 +30,13 @@ Status CheckReceiverOptions(const ReceiverOptions& options);
 // The payload's fingerprint per `mode` (nullopt for kNone); bad JSON is kInvalidArgument.
 Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::string_view payload);
 
-// store.Begin(req), timed and counted in `metrics` when it is not null.
-Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics);
+// store.Begin(req), timed and counted in `metrics` when it is not null. `polls_on_busy`: the
+// caller waits out a Busy answer by asking again, so a Busy is not counted: idem_begin_total
+// counts one answer per delivery, the one it ended with, and the caller counts a Busy itself
+// when it gives up (CountBusy).
+Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics,
+                               bool polls_on_busy = false);
+void CountBusy(Metrics* metrics);
 
 // While a handler runs: holds its key's lease in `keeper` (when not null), extending it through
 // `store` once half of options.lease has gone since the Begin (about now), until

@@ -621,5 +621,48 @@ TEST_F(ReceiverTest, CountsEveryAnswer) {
               HasSubstr("idem_begin_total{scope=\"payments\",answer=\"replay\"} 1"));
 }
 
+// A delivery that waits out a busy key polls the store many times; idem_begin_total counts the
+// answer it ended with, once, so that replays / begins stays the duplicate rate.
+TEST_F(ReceiverTest, AWaitCountsTheAnswerItEndedWithOnce) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  auto held = store_->Begin({"payments", "k", std::nullopt, milliseconds(3'600'000)});
+  ASSERT_TRUE(held);
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  o.busy_policy = BusyPolicy::kWait;
+  o.busy_wait = milliseconds(300);
+  Receiver r(*store_, o);
+  auto gave_up = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(gave_up);
+  EXPECT_EQ(gave_up->delivery, Delivery::kBusy);
+  EXPECT_EQ(metrics.begin_busy->Value(), 1u);
+  EXPECT_GT(metrics.store_begin_seconds->Count(), 2u);  // it did poll
+
+  ASSERT_TRUE(store_->Complete(
+      {"payments", "k", std::get<Acquired>(*held).token, Outcome::kSuccess, "theirs"}));
+  auto replayed = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(replayed);
+  EXPECT_EQ(replayed->delivery, Delivery::kReplayed);
+  EXPECT_EQ(metrics.begin_busy->Value(), 1u);
+  EXPECT_EQ(metrics.begin_replay->Value(), 1u);
+}
+
+// A key the receiver accepts but the store refuses (the store's own max_key_bytes is lower) is
+// the caller's error: kInvalidArgument, not counted as a store error.
+TEST_F(ReceiverTest, AKeyTheStoreRefusesIsNotAStoreError) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  o.max_key_bytes = 300;
+  Receiver r(*store_, o);
+  auto res = r.Receive({.key = std::string(280, 'k')}, Counting());
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(metrics.store_errors->Value(), 0u);
+  EXPECT_EQ(runs_.load(), 0);
+}
+
 }  // namespace
 }  // namespace idem

@@ -744,7 +744,8 @@ Status ParseRoute(std::string_view file, const toml::table& t, Draft& draft,
       } else if (*d > core::kMaxDuration) {
         // Every store refuses longer ones (core::DurationInRange): each keyed request would
         // fail at the store.
-        return fail(FormatDuration(*d) + " is above the stores' limit of 100 years");
+        return fail(FormatDuration(*d) + " is above the stores' limit of " +
+                    std::string(core::kMaxDurationText));
       } else if (key == "lease") {
         route.lease = *d;
         origin = {where, true};

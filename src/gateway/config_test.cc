@@ -522,11 +522,11 @@ TEST(GatewayConfigFile, LimitsTheStoresEnforce) {
   EXPECT_EQ(Error("max_key_bytes = 256\n"),
             "idemd.toml:1: max_key_bytes: 256 is above the maximum, 255");
   EXPECT_THAT(FlagError({"--max-key-bytes", "4096"}), HasSubstr("is above the maximum, 255"));
-  EXPECT_TRUE(ParseConfig("[[route]]\nprefix = \"/\"\nretention = \"36500d\"\n", "idemd.toml"));
-  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nretention = \"36700d\"\n"),
-              StartsWith("idemd.toml:3: route.retention: 36700d is above the stores' limit"));
-  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nlease = \"40000d\"\n"),
-              StartsWith("idemd.toml:3: route.lease: 40000d is above the stores' limit"));
+  EXPECT_TRUE(ParseConfig("[[route]]\nprefix = \"/\"\nretention = \"3660d\"\n", "idemd.toml"));
+  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nretention = \"3661d\"\n"),
+              StartsWith("idemd.toml:3: route.retention: 3661d is above the stores' limit"));
+  EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nlease = \"4000d\"\n"),
+              StartsWith("idemd.toml:3: route.lease: 4000d is above the stores' limit"));
 }
 
 TEST(GatewayConfigFile, LeaseMustExceedUpstreamTimeout) {

@@ -22,6 +22,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/machine.h"
 #include "idem/key.h"
 #include "idem/record.h"
 #include "idem/status.h"
@@ -536,6 +537,33 @@ TEST_P(StoreContractTest, CompletedRecordReplaysUntilRetentionEnds) {
   EXPECT_EQ(b.attempt, 1u);
   EXPECT_GT(b.token, a.token);
   ExpectStored("k", Held("k", b, tc + 10s, kFpA));
+}
+
+// The longest lease and retention a store accepts are kept whole (the memory store, and so the
+// log store, packs deadlines into 40-bit offsets of about 17 years); longer ones are refused,
+// never cut short into a lease another worker could take over early or a record forgotten
+// early.
+TEST_P(StoreContractTest, TheLongestLeaseAndRetentionAreKeptAndLongerOnesRefused) {
+  constexpr milliseconds kMax = core::kMaxDuration;
+  const auto over = StatusIs(StatusCode::kInvalidArgument, HasSubstr("over the limit of 10 years"));
+  EXPECT_THAT(store_->Begin(BeginOf("held", kFpA, kMax + 1ms)), over);
+  ExpectAbsent("held");
+  const Timestamp t0 = clock_.Now();
+  const Acquired held = Acquire("held", kFpA, kMax);
+  EXPECT_THAT(held.lease_deadline, At(t0 + kMax));
+
+  const Acquired done = Acquire("done", kFpA);
+  EXPECT_THAT(store_->Complete(CompleteOf("done", done.token, "r", Outcome::kSuccess, kMax + 1ms)),
+              over);
+  Finish("done", done.token, "r", Outcome::kSuccess, kMax);
+
+  clock_.Set(t0 + kMax - 1ms);
+  EXPECT_THAT(ExpectBusy(store_->Begin(BeginOf("held", kFpA))).lease_deadline, At(t0 + kMax));
+  EXPECT_THAT(ExpectReplay(store_->Begin(BeginOf("done", kFpA))),
+              ReplayIs(Replay{Outcome::kSuccess, "r", 1}));
+  clock_.Set(t0 + kMax);
+  EXPECT_EQ(ExpectAcquired(store_->Begin(BeginOf("held", kFpA))).attempt, 2u);
+  ExpectAbsent("done");
 }
 
 TEST_P(StoreContractTest, ExpiredRecordIsAbsentBeforePurge) {

@@ -42,6 +42,7 @@ struct LogStoreOptions {
   std::chrono::milliseconds sync_interval{100};  // kInterval only
   Clock* clock = nullptr;                        // nullptr: Clock::System()
   std::size_t max_key_bytes = kDefaultMaxKeyBytes;
+  // Above 0, at most 10 years (else OpenLogStore is kInvalidArgument).
   std::chrono::milliseconds abandoned_retention{24 * 3600 * 1000};
   std::chrono::milliseconds reclaim_interval{1000};  // 0: no background reaper
   bool prepare_on_own_thread = false;                // as MemoryStoreOptions says

@@ -17,7 +17,8 @@ struct MemoryStoreOptions {
   Clock* clock = nullptr;  // nullptr: Clock::System(). Must outlive the store.
   std::size_t max_key_bytes = kDefaultMaxKeyBytes;  // at most 65535: larger values are capped
   // An IN_PROGRESS record whose lease ran out stays this long (for a takeover with
-  // attempt+1) before it is reclaimed as abandoned.
+  // attempt+1) before it is reclaimed as abandoned. Held to 0 .. 10 years (the longest lease
+  // or retention any store accepts).
   std::chrono::milliseconds abandoned_retention{24 * 3600 * 1000};
   // Number of independently locked shards (rounded up to a power of two); 0: automatic.
   std::size_t shards = 0;

@@ -713,6 +713,9 @@ Result<std::unique_ptr<Store>> OpenLogStoreWith(const LogStoreOptions& options, 
   if (options.sync == SyncMode::kInterval && options.sync_interval.count() <= 0) {
     return InvalidArgumentError("log store: sync interval must be positive");
   }
+  if (Status s = core::CheckAbandonedRetention(options.abandoned_retention); !s.ok()) {
+    return InvalidArgumentError("log store: " + s.message());
+  }
   auto store = std::make_unique<LogStore>(options, fs);
   IDEM_RETURN_IF_ERROR(store->Open());
   return std::unique_ptr<Store>(std::move(store));

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/machine.h"
 #include "stores/log/batch.h"
 #include "stores/log/codec.h"
 #include "stores/log/crc32c.h"
@@ -157,6 +158,18 @@ TEST_F(LogStoreTest, ASecondOpenOfTheSameDirectoryIsRefused) {
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(second.error().message(), HasSubstr("locked"));
+}
+
+TEST_F(LogStoreTest, AnAbandonedRetentionOutOfRangeIsRefused) {
+  for (const milliseconds bad :
+       {milliseconds(0), milliseconds(-1), core::kMaxDuration + milliseconds(1)}) {
+    LogStoreOptions o = Options();
+    o.abandoned_retention = bad;
+    auto opened = OpenLogStore(o);
+    ASSERT_FALSE(opened) << bad.count();
+    EXPECT_EQ(opened.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(opened.error().message(), HasSubstr("log store: abandoned_retention"));
+  }
 }
 
 TEST_F(LogStoreTest, AnotherFormatVersionIsRefused) {

@@ -651,7 +651,10 @@ MemoryStore::MemoryStore(const MemoryStoreOptions& options, core::Journal* journ
       fixed_shards_(journal != nullptr),
       // A long key is kept in its record's blob with a 16-bit length.
       max_key_bytes_(std::min<std::size_t>(options.max_key_bytes, kMaxStoredKeyBytes)),
-      abandoned_retention_(options.abandoned_retention) {
+      // NewMemoryStore cannot refuse options: one out of range is brought into it (the log
+      // store refuses it at open). Below 0 would end a record before its lease does.
+      abandoned_retention_(std::clamp(options.abandoned_retention, std::chrono::milliseconds(0),
+                                      core::kMaxDuration)) {
   std::size_t n = options.shards;
   if (n == 0) n = std::max<std::size_t>(64, 4 * std::thread::hardware_concurrency());
   n = std::bit_ceil(std::clamp<std::size_t>(n, 1, kMaxShards));

@@ -590,6 +590,44 @@ TEST_F(MemoryStoreTest, TokensGrowPerKeyAcrossReleaseAndTakeover) {
   EXPECT_EQ(*store->Release("s", "key", first.token), WriteAnswer::kLeaseLost);
 }
 
+// A record keeps its attempt count in 16 bits: past 65535 takeovers the count stays at 65535,
+// and the answer says what the record holds.
+TEST_F(MemoryStoreTest, TheAttemptCountStopsAt65535) {
+  auto store = Make();
+  BeginRequest r;
+  r.scope = "s";
+  r.key = "stuck";
+  r.lease = milliseconds(1);
+  std::uint32_t attempt = 0;
+  for (std::uint32_t i = 1; i <= 65540; ++i) {
+    attempt = std::get<Acquired>(*store->Begin(r)).attempt;
+    if (attempt != std::min<std::uint32_t>(i, 65535)) break;
+    clock_.Advance(milliseconds(1));
+  }
+  EXPECT_EQ(attempt, 65535u);
+  const Result<std::optional<Record>> got = store->Get("s", "stuck");
+  ASSERT_TRUE(got.has_value() && got->has_value());
+  EXPECT_EQ((*got)->attempt, 65535u);
+}
+
+// NewMemoryStore cannot refuse its options: an abandoned_retention below 0 is held at 0, so an
+// abandoned record still lasts as long as its lease.
+TEST_F(MemoryStoreTest, ANegativeAbandonedRetentionStillHoldsTheLease) {
+  MemoryStoreOptions o;
+  o.clock = &clock_;
+  o.abandoned_retention = milliseconds(-60'000);
+  auto store = NewMemoryStore(o);
+  BeginRequest r;
+  r.scope = "s";
+  r.key = "k";
+  r.lease = milliseconds(1000);
+  ASSERT_TRUE(std::holds_alternative<Acquired>(*store->Begin(r)));
+  clock_.Advance(milliseconds(999));
+  EXPECT_TRUE(std::holds_alternative<Busy>(*store->Begin(r)));
+  clock_.Advance(milliseconds(1));
+  EXPECT_TRUE(std::holds_alternative<Acquired>(*store->Begin(r)));
+}
+
 TEST_F(MemoryStoreTest, ShardCountsAreRoundedAndAllWork) {
   for (std::size_t shards : {1u, 3u, 7u, 64u}) {
     auto store = Make(shards);

@@ -13,7 +13,6 @@ namespace {
 constexpr std::int64_t kMaxCreated = (std::int64_t{1} << 48) - 1;
 constexpr std::int64_t kMaxOffset = (std::int64_t{1} << 39) - 1;
 constexpr std::uint64_t kOffsetMask = (std::uint64_t{1} << 40) - 1;
-constexpr std::uint32_t kMaxAttempt = 0xFFFF;
 
 std::int64_t Ms(Timestamp t) { return t.time_since_epoch().count(); }
 
@@ -67,8 +66,8 @@ void Slot::set_head(const core::RecordHead& h, int shard_bits) {
   constexpr std::uint64_t kStateBits = std::uint64_t{3} << 48;
   const std::uint64_t state =
       (h.state == RecordState::kCompleted ? 1u : 0u) | (h.outcome == Outcome::kFailure ? 2u : 0u);
-  w0_ =
-      static_cast<std::uint64_t>(created) | (std::uint64_t{std::min(h.attempt, kMaxAttempt)} << 48);
+  w0_ = static_cast<std::uint64_t>(created) |
+        (std::uint64_t{std::min(h.attempt, core::kMaxAttempt)} << 48);
   w1_ = (w1_ & ~kLow48) | seq;
   w2_ = (w2_ & ~(kOffsetMask | kStateBits)) | offset(h.lease_deadline) | (state << 48);
   w3_ = (w3_ & ~kOffsetMask) | offset(h.expires);

@@ -211,10 +211,7 @@ Status CheckOptions(const PostgresStoreOptions& o) {
   if (o.connect_timeout.count() <= 0 || o.statement_timeout.count() <= 0) {
     return InvalidArgumentError("connect_timeout and statement_timeout must be positive");
   }
-  if (o.abandoned_retention.count() <= 0) {
-    return InvalidArgumentError("abandoned_retention must be positive");
-  }
-  return OkStatus();
+  return core::CheckAbandonedRetention(o.abandoned_retention);
 }
 
 // The session's statement_timeout: a little below the client's, so that the server cancels a

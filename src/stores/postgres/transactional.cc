@@ -106,7 +106,8 @@ TransactionalReceiver::TransactionalReceiver(Store& store, ReceiverOptions optio
 TransactionalReceiver::~TransactionalReceiver() = default;
 
 Result<BeginAnswer> TransactionalReceiver::CountedBegin(const BeginRequest& req) {
-  return core::TimedBegin(store_, req, options_.metrics);
+  return core::TimedBegin(store_, req, options_.metrics,
+                          options_.busy_policy != BusyPolicy::kReject);
 }
 
 Result<Delivered> TransactionalReceiver::Receive(const Message& message,
@@ -132,6 +133,7 @@ Result<Delivered> TransactionalReceiver::Receive(const Message& message,
       answer = CountedBegin(req);
       if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
     }
+    if (std::holds_alternative<Busy>(*answer)) core::CountBusy(options_.metrics);
   }
   if (const auto* a = std::get_if<Acquired>(&*answer)) {
     return Execute(std::move(*key), *a, message, handler);

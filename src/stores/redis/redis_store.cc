@@ -1116,8 +1116,8 @@ Result<std::unique_ptr<Store>> OpenRedisStore(const RedisStoreOptions& options) 
       options.wait_timeout.count() <= 0) {
     return InvalidArgumentError("redis store: timeouts must be positive");
   }
-  if (options.abandoned_retention.count() <= 0) {
-    return InvalidArgumentError("redis store: abandoned_retention must be positive");
+  if (Status s = core::CheckAbandonedRetention(options.abandoned_retention); !s.ok()) {
+    return InvalidArgumentError("redis store: " + s.message());
   }
   if (options.wait_replicas < 0) {
     return InvalidArgumentError("redis store: wait_replicas must not be negative");
