@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "core/thread_name.h"
@@ -60,12 +61,19 @@ struct AdminServer::Impl {
       http::response<http::string_body> res{http::status::ok, req.version()};
       res.set(http::field::content_type, "text/plain; charset=utf-8");
       const std::string_view target(req.target());
-      if (target == "/metrics") {
+      // Routed by path: a scraper may add a query string (Prometheus' params, a cache buster).
+      const std::string_view path = target.substr(0, target.find('?'));
+      const bool head = req.method() == http::verb::head;
+      if (req.method() != http::verb::get && !head) {
+        res.result(http::status::method_not_allowed);
+        res.set(http::field::allow, "GET, HEAD");
+        res.body() = "method not allowed: GET or HEAD\n";
+      } else if (path == "/metrics") {
         res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
         res.body() = registry.RenderPrometheus();
-      } else if (target == "/healthz") {
+      } else if (path == "/healthz") {
         res.body() = "ok\n";
-      } else if (target == "/readyz") {
+      } else if (path == "/readyz") {
         Status s = co_await asio::co_spawn(
             checks, [this]() -> awaitable<Status> { co_return ready(); }, asio::use_awaitable);
         if (s.ok()) {
@@ -80,7 +88,16 @@ struct AdminServer::Impl {
       }
       res.keep_alive(req.keep_alive());
       res.prepare_payload();
-      auto [wec, wn] = co_await http::async_write(stream, res, kNoThrow);
+      // A HEAD answer is the GET answer's header alone: a body after it would be read as the
+      // start of the next answer on a keep-alive connection.
+      http::response_serializer<http::string_body> serializer(res);
+      boost::system::error_code wec;
+      if (head) {
+        std::tie(wec, std::ignore) =
+            co_await http::async_write_header(stream, serializer, kNoThrow);
+      } else {
+        std::tie(wec, std::ignore) = co_await http::async_write(stream, serializer, kNoThrow);
+      }
       if (wec || !req.keep_alive()) break;
     }
     boost::system::error_code ignored;

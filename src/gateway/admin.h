@@ -1,6 +1,7 @@
 // The admin listener of idemd (the gateway and `idemd consume` alike): GET /metrics (the
 // registry in the Prometheus text format), /healthz (the process runs), /readyz (200 when the
-// readiness check passes, else 503 with its message). Keep it on loopback.
+// readiness check passes, else 503 with its message); HEAD alike, without the body; other methods
+// are 405. A query string is ignored. Keep it on loopback.
 //
 //   auto admin = gateway::AdminServer::Start({"127.0.0.1", 9090}, registry,
 //                                            [&] { return gateway::StoreReady(*store); });

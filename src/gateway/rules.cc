@@ -510,6 +510,11 @@ Problem MissingPrincipal(std::string_view header) {
                   " header to know whose key this is.");
 }
 
+Problem InvalidPrincipal(std::string detail) {
+  return Make(400, "https://idem.dev/problems/invalid-principal", "Invalid principal",
+              std::move(detail));
+}
+
 Problem KeyReuse(std::string_view key) {
   return Make(422, "https://idem.dev/problems/key-reuse", "Idempotency-Key reused",
               "The key " + Quote(key) +
@@ -544,6 +549,16 @@ Problem TargetTooLong() {
 Problem InvalidBody(std::string detail) {
   return Make(400, "https://idem.dev/problems/invalid-body", "Invalid request body",
               std::move(detail));
+}
+
+Problem MalformedRequest(std::string detail) {
+  return Make(400, "https://idem.dev/problems/malformed-request", "Malformed request",
+              std::move(detail));
+}
+
+Problem UnsupportedTransferCoding(std::string detail) {
+  return Make(501, "https://idem.dev/problems/unsupported-transfer-coding",
+              "Transfer coding not implemented", std::move(detail));
 }
 
 Problem InvalidTarget(std::string detail) {

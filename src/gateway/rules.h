@@ -124,6 +124,7 @@ Problem MissingKey();                    // 400
 Problem InvalidKey(std::string detail);  // 400
 Problem MissingPrincipal(
     std::string_view header);                  // 400: a key but no principal (anonymous = "refuse")
+Problem InvalidPrincipal(std::string detail);  // 400: e.g. two principal headers
 Problem KeyReuse(std::string_view key);        // 422: same key, different request
 Problem InFlight(std::string_view key);        // 409: first request still upstream
 Problem StoreUnavailable(std::string detail);  // 503 (+ Retry-After from the server)
@@ -131,10 +132,13 @@ Problem BodyTooLarge(std::uint64_t limit);     // 413
 Problem HeadersTooLarge();                     // 431
 Problem TargetTooLong();                       // 414: the request line alone is over the limit
 Problem InvalidBody(std::string detail);       // 400: e.g. a JSON body that does not parse
+Problem MalformedRequest(std::string detail);  // 400: not HTTP/1.1 (request line, fields, framing)
 Problem InvalidTarget(std::string detail);     // 400: a request target idemd cannot route
 Problem UpstreamFailed(std::string detail);    // 502
 Problem UpstreamTimeout();                     // 504
 Problem ReplayTooLarge(std::uint64_t size);    // 502: the stored body was omitted (too large)
+// 501: a transfer coding idemd does not decode (gzip in "gzip, chunked")
+Problem UnsupportedTransferCoding(std::string detail);
 }  // namespace problems
 
 }  // namespace idem::gateway

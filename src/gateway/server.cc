@@ -22,10 +22,13 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <exception>
 #include <functional>
+#include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,6 +64,10 @@ using Response = http::response<http::string_body>;
 
 constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
 constexpr std::size_t kMaxUpstreamBody = std::size_t{1} << 30;
+// Beast's default (8 KiB) is smaller than what upstreams send (large Set-Cookie, CSP or Link
+// headers). Over it, the answer is a 502 and the key is released, so each retry would run the
+// upstream again: generous, since the upstream is trusted.
+constexpr std::uint32_t kMaxUpstreamHeader = 64 * 1024;
 constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
 constexpr std::string_view kAttemptHeader = "Idempotency-Attempt";
 
@@ -79,6 +86,30 @@ void Append(std::string& out, T v) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   out.append(buf, end);
+}
+// A log value between double quotes, escaped so that no value can end its field early or
+// forge another one (a request path may hold '"' and '\'): '"' and '\' get a backslash, and
+// control bytes (which would cut the line) become \xHH.
+struct Quoted {
+  std::string_view value;
+};
+void Append(std::string& out, Quoted q) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (const char c : q.value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
 }
 template <class... Parts>
 std::string Cat(const Parts&... parts) {
@@ -260,9 +291,10 @@ Result<UpstreamTarget> ResolveUpstream(std::string_view url) {
                         .endpoint = *endpoint};
 }
 
-// Removes hop-by-hop headers and the ones named by any of the Connection headers.
+// Removes hop-by-hop headers and the ones named by any of the Connection headers, except
+// those in `kept`.
 template <class Fields>
-void StripHopByHop(Fields& fields) {
+void StripHopByHop(Fields& fields, std::initializer_list<std::string_view> kept = {}) {
   std::vector<std::string> named;
   for (auto [it, end] = fields.equal_range(http::field::connection); it != end; ++it) {
     AnyListItem(std::string_view(it->value()), [&](std::string_view token) {
@@ -277,7 +309,24 @@ void StripHopByHop(Fields& fields) {
       ++it;
     }
   }
-  for (const std::string& n : named) fields.erase(n);
+  for (const std::string& n : named) {
+    const bool keep = std::any_of(kept.begin(), kept.end(),
+                                  [&](std::string_view k) { return EqualsIgnoreCase(k, n); });
+    if (!keep) fields.erase(n);
+  }
+}
+
+template <class Fields>
+std::size_t FieldCount(const Fields& fields) {
+  return static_cast<std::size_t>(std::distance(fields.begin(), fields.end()));
+}
+
+// Erases the fields after the first `count` (Beast keeps fields in the order they arrived).
+template <class Fields>
+void DropFieldsAfter(Fields& fields, std::size_t count) {
+  auto it = fields.begin();
+  std::advance(it, static_cast<std::ptrdiff_t>(std::min(count, FieldCount(fields))));
+  while (it != fields.end()) it = fields.erase(it);
 }
 
 void AppendHeader(std::string& out, std::string_view name, std::string_view value) {
@@ -287,15 +336,38 @@ void AppendHeader(std::string& out, std::string_view name, std::string_view valu
   out += "\r\n";
 }
 
+// The reason phrase for a status sent without the upstream's (a replay: the phrase is not
+// stored). Beast knows the registered codes; for others (299, 470) it has only a placeholder,
+// "<unknown-status>", so the status class's name stands in (the phrase carries no meaning,
+// RFC 9112 §4).
+std::string_view ReasonFor(unsigned status) {
+  const auto code = static_cast<http::status>(status);
+  if (http::int_to_status(status) == code) return std::string_view(http::obsolete_reason(code));
+  switch (status / 100) {
+    case 1:
+      return "Informational";
+    case 2:
+      return "Success";
+    case 3:
+      return "Redirection";
+    case 4:
+      return "Client Error";
+    default:
+      return "Server Error";
+  }
+}
+
 void AppendStatusLine(std::string& out, unsigned version, unsigned status,
                       std::string_view reason) {
   out += version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
   Append(out, status);
   out += ' ';
-  out += reason.empty() ? std::string_view(http::obsolete_reason(static_cast<http::status>(status)))
-                        : reason;
+  out += reason.empty() ? ReasonFor(status) : reason;
   out += "\r\n";
 }
+
+// Statuses whose answer never has content (RFC 9110 §6.4.1).
+bool Bodiless(unsigned status) { return status < 200 || status == 204 || status == 304; }
 
 // The message as it goes on the wire, in one buffer: Beast's serializer walks a buffer
 // sequence per field, which costs more than the copy for messages of this size. The message
@@ -371,9 +443,11 @@ class UpstreamPool {
     std::optional<http::response_parser<http::string_body>> parser;
     for (;;) {
       parser.emplace();
+      parser->header_limit(kMaxUpstreamHeader);
       parser->body_limit(kMaxUpstreamBody);
       parser->skip(head);
-      if (auto [ec, n] = co_await http::async_read(stream, conn->buffer, *parser, kNoThrow); ec) {
+      if (auto [ec, n] = co_await http::async_read_header(stream, conn->buffer, *parser, kNoThrow);
+          ec) {
         co_return Failure(ec, "read");
       }
       const unsigned status = parser->get().result_int();
@@ -382,6 +456,15 @@ class UpstreamPool {
       }
       if (status >= 200) break;
     }
+    const std::size_t header_fields = FieldCount(parser->get());
+    if (!parser->is_done()) {
+      if (auto [ec, n] = co_await http::async_read(stream, conn->buffer, *parser, kNoThrow); ec) {
+        co_return Failure(ec, "read");
+      }
+    }
+    // Beast adds a chunked body's trailer fields to the header. They describe the body, were
+    // sent after it, and are neither relayed nor stored: a header idemd cannot vouch for.
+    DropFieldsAfter(parser->get(), header_fields);
     stream.expires_never();
     // The parser's keep_alive is false for a body that ran to the close, too.
     if (parser->keep_alive() && conn->buffer.size() == 0 && !closing_ && idle_.size() < max_idle_) {
@@ -700,6 +783,14 @@ struct Server::Impl {
     return res;
   }
 
+  // Whether an upstream answer keeps the upstream's Content-Length rather than one idemd
+  // computes from the body: an answer to HEAD and a 304 have no body to measure, and their
+  // Content-Length is the size a GET's 200 would have (RFC 9110 §8.6). A 204 must not have
+  // one; other answers get their body's.
+  static bool KeepsLength(unsigned status, bool head) {
+    return status != 204 && (head || status == 304);
+  }
+
   // A replay on the wire, straight from the stored response (the hot path of duplicates).
   static std::string SerializeReplay(const StoredResponse& stored, unsigned version, bool keep,
                                      bool head) {
@@ -708,13 +799,12 @@ struct Server::Impl {
     AppendStatusLine(out, version, stored.status, {});
     for (const auto& [name, value] : stored.headers) AppendHeader(out, name, value);
     AppendHeader(out, kReplayedHeader, "true");
-    const bool bodiless = stored.status < 200 || stored.status == 204 || stored.status == 304;
-    // Only a HEAD answer is stored with its Content-Length (ToStored), the length a GET's body
-    // would have had, and only a HEAD request replays it (the method is in the fingerprint).
+    const bool bodiless = Bodiless(stored.status);
+    // Only answers without their body are stored with their Content-Length (ToStored): a HEAD
+    // answer (only a HEAD request replays it: the method is in the fingerprint) and a 304.
     const bool has_length =
-        head && std::any_of(stored.headers.begin(), stored.headers.end(), [](const auto& h) {
-          return EqualsIgnoreCase(h.first, "Content-Length");
-        });
+        std::any_of(stored.headers.begin(), stored.headers.end(),
+                    [](const auto& h) { return EqualsIgnoreCase(h.first, "Content-Length"); });
     if (!bodiless && !has_length) {
       AppendHeader(out, "Content-Length", std::to_string(stored.body.size()));
     }
@@ -725,14 +815,16 @@ struct Server::Impl {
     return out;
   }
 
-  // `head`: the answer to a HEAD request, whose Content-Length (the size a GET's body would
-  // have) is kept, since its replay has no body to measure.
+  // `head`: the answer to a HEAD request. See KeepsLength for the Content-Length kept.
   StoredResponse ToStored(const Response& res, bool head) const {
     StoredResponse s;
     s.status = res.result_int();
+    const bool keep_length = KeepsLength(s.status, head);
     for (const auto& field : res) {
       std::string_view name(field.name_string());
-      if ((field.name() == http::field::content_length && !head) || IsHopByHop(name)) continue;
+      if ((field.name() == http::field::content_length && !keep_length) || IsHopByHop(name)) {
+        continue;
+      }
       bool strip = false;
       for (const std::string& h : config.strip_headers) strip |= EqualsIgnoreCase(h, name);
       if (!strip) s.headers.emplace_back(name, std::string_view(field.value()));
@@ -784,27 +876,46 @@ struct Server::Impl {
     return std::nullopt;
   }
 
-  awaitable<Answer> HandleOnRoute(Worker& w, Request& req, const Route* route) {
-    const std::string_view target(req.target());
-    const std::string_view method(req.method_string());
-    if (route == nullptr || route->key == KeyMode::kOff || !route->Applies(method)) {
-      co_return co_await PassThrough(w, req);
+  // What a request's headers decide on `route`, before its body is read: it is keyed (`key`),
+  // refused (`problem`), or neither, and passes through.
+  struct Keying {
+    std::optional<Problem> problem{};
+    std::optional<std::string> key{};
+  };
+  Keying KeyingOf(const Request& req, const Route* route) const {
+    if (route == nullptr || route->key == KeyMode::kOff ||
+        !route->Applies(std::string_view(req.method_string()))) {
+      return {};
     }
     const std::size_t count = req.count(config.key_header);
     if (count == 0) {
-      if (route->key == KeyMode::kOptional) co_return co_await PassThrough(w, req);
-      co_return Answer{MakeProblem(req, problems::MissingKey()), Outcome::kBadRequest};
+      if (route->key == KeyMode::kOptional) return {};
+      return {problems::MissingKey()};
     }
     if (count > 1) {
-      co_return Answer{MakeProblem(req, problems::InvalidKey(
-                                            Cat("more than one ", config.key_header, " header"))),
-                       Outcome::kBadRequest};
+      return {problems::InvalidKey(Cat("more than one ", config.key_header, " header"))};
     }
     auto key = ParseIdempotencyKey(std::string_view(req[config.key_header]), config.max_key_bytes);
-    if (!key) {
-      co_return Answer{MakeProblem(req, problems::InvalidKey(key.error().message())),
-                       Outcome::kBadRequest};
+    if (!key) return {problems::InvalidKey(key.error().message())};
+    // The key's scope is one principal's; the upstream would get both headers and might take
+    // the other one.
+    if (req.count(config.principal_header) > 1) {
+      return {problems::InvalidPrincipal(
+          Cat("more than one ", config.principal_header, " header: whose key is this?"))};
     }
+    if (req[config.principal_header].empty() && route->anonymous == AnonymousPolicy::kRefuse) {
+      return {problems::MissingPrincipal(config.principal_header)};
+    }
+    return {std::nullopt, std::move(*key)};
+  }
+
+  awaitable<Answer> HandleOnRoute(Worker& w, Request& req, const Route* route) {
+    const std::string_view target(req.target());
+    const std::string_view method(req.method_string());
+    Keying keying = KeyingOf(req, route);
+    if (keying.problem) co_return Answer{MakeProblem(req, *keying.problem), Outcome::kBadRequest};
+    if (!keying.key) co_return co_await PassThrough(w, req);
+    const std::string& key = *keying.key;
     std::string encoding;  // every Content-Encoding line, as one list
     for (auto [it, end] = req.equal_range(http::field::content_encoding); it != end; ++it) {
       if (!encoding.empty()) encoding += ',';
@@ -817,10 +928,6 @@ struct Server::Impl {
                        Outcome::kBadRequest};
     }
     const std::string_view principal(req[config.principal_header]);
-    if (principal.empty() && route->anonymous == AnonymousPolicy::kRefuse) {
-      co_return Answer{MakeProblem(req, problems::MissingPrincipal(config.principal_header)),
-                       Outcome::kBadRequest};
-    }
     const std::string scope = PrincipalScope(route->scope, principal, config.principal_secret);
     // Rotation: the scope the secondary secret gives ("" when there is none, or no principal:
     // the anonymous scope is the same under every secret).
@@ -828,8 +935,8 @@ struct Server::Impl {
         config.principal_secret_secondary && !principal.empty()
             ? PrincipalScope(route->scope, principal, *config.principal_secret_secondary)
             : std::string();
-    Answer a = co_await Gate(w, req, *route, scope, secondary, *key, *fp);
-    a.key_hash = KeyHash(scope, *key);
+    Answer a = co_await Gate(w, req, *route, scope, secondary, key, *fp);
+    a.key_hash = KeyHash(scope, key);
     co_return a;
   }
 
@@ -842,15 +949,20 @@ struct Server::Impl {
       const BeginRequest begin{.scope = scope, .key = key, .fingerprint = fp, .lease = route.lease};
       const auto t0 = SteadyClock::now();
       Result<BeginAnswer> answer = co_await StoreBegin(w, begin);
-      metrics.store.store_begin_seconds->ObserveDuration(SteadyClock::now() - t0);
-      CountBegin(metrics.store, answer);
+      const auto now = SteadyClock::now();
+      metrics.store.store_begin_seconds->ObserveDuration(now - t0);
+      // A busy key that this request will poll again is not its answer yet: idem_begin_total
+      // counts one answer per request, the one it ends with.
+      const bool poll_again = answer && std::holds_alternative<Busy>(*answer) &&
+                              route.in_flight == InFlightPolicy::kWait && now + pause < deadline;
+      if (!poll_again) CountBegin(metrics.store, answer);
       if (!answer && answer.error().code() == StatusCode::kInvalidArgument) {
         // The store refuses this request's input: the config bounds everything else it checks
         // (durations, max_key_bytes, the scope), so what is left is the key, e.g. longer than a
         // store URL's own max_key_bytes. A retry with the same key fails the same way, so this
         // is §6's "key too long" 400, never a retryable 503.
         log.Write(Level::kWarn,
-                  Cat("event=store_refused op=begin error=\"", answer.error().ToString(), "\""));
+                  Cat("event=store_refused op=begin error=", Quoted{answer.error().ToString()}));
         co_return Answer{
             MakeProblem(req, problems::InvalidKey("the idempotency store does not accept this key "
                                                   "(longer than the store's limit?)")),
@@ -858,7 +970,7 @@ struct Server::Impl {
       }
       if (!answer) {
         log.Write(Level::kWarn,
-                  Cat("event=store_error op=begin error=\"", answer.error().ToString(), "\""));
+                  Cat("event=store_error op=begin error=", Quoted{answer.error().ToString()}));
         co_return Answer{Unavailable(req, "the idempotency store cannot be reached"),
                          Outcome::kStoreUnavailable};
       }
@@ -877,8 +989,7 @@ struct Server::Impl {
       }
       if (auto* replay = std::get_if<Replay>(&*answer)) co_return Replayed(req, replay->response);
       if (std::holds_alternative<Busy>(*answer)) {
-        const auto now = SteadyClock::now();
-        if (route.in_flight == InFlightPolicy::kWait && now + pause < deadline) {
+        if (poll_again) {
           asio::steady_timer timer(w.io, pause);
           co_await timer.async_wait(kNoThrow);
           pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -899,7 +1010,7 @@ struct Server::Impl {
     auto stored = DecodeStoredResponse(response);
     if (!stored) {
       log.Write(Level::kError,
-                Cat("event=stored_response_unreadable error=\"", stored.error().ToString(), "\""));
+                Cat("event=stored_response_unreadable error=", Quoted{stored.error().ToString()}));
       return Answer{
           MakeProblem(req, problems::UpstreamFailed("the stored response cannot be read")),
           Outcome::kReplayed};
@@ -929,7 +1040,7 @@ struct Server::Impl {
     SecondaryResult result = SecondaryResult::kAbsent;
     if (!found) {
       log.Write(Level::kWarn,
-                Cat("event=store_error op=get error=\"", found.error().ToString(), "\""));
+                Cat("event=store_error op=get error=", Quoted{found.error().ToString()}));
       metrics.store.store_errors->Inc();
       answer.emplace(Unavailable(req, "the idempotency store cannot be reached"),
                      Outcome::kStoreUnavailable);
@@ -967,7 +1078,7 @@ struct Server::Impl {
     if (!up.res) {
       co_await ReleaseKey(w, scope, key, acquired.token);
       log.Write(Level::kWarn,
-                Cat("event=upstream_error error=\"", up.error, "\" key_released=true"));
+                Cat("event=upstream_error error=", Quoted{up.error}, " key_released=true"));
       co_return UpstreamProblem(req, up);
     }
     std::optional<Response>& res = up.res;
@@ -992,7 +1103,7 @@ struct Server::Impl {
       // until its lease ends, then a retry runs again with the next attempt number.
       metrics.store.store_errors->Inc();
       log.Write(Level::kError,
-                Cat("event=completion_lost error=\"", done.error().ToString(), "\""));
+                Cat("event=completion_lost error=", Quoted{done.error().ToString()}));
     } else if (*done == WriteAnswer::kLeaseLost) {
       metrics.store.lease_lost->Inc();
       log.Write(Level::kWarn,
@@ -1008,7 +1119,7 @@ struct Server::Impl {
     Result<WriteAnswer> r = co_await StoreRelease(w, scope, key, token);
     if (!r) {
       metrics.store.store_errors->Inc();
-      log.Write(Level::kError, Cat("event=release_failed error=\"", r.error().ToString(), "\""));
+      log.Write(Level::kError, Cat("event=release_failed error=", Quoted{r.error().ToString()}));
     } else if (*r == WriteAnswer::kApplied) {
       metrics.store.releases->Inc();
     }
@@ -1032,7 +1143,11 @@ struct Server::Impl {
   }
 
   void PrepareUpstream(Request& req) const {
-    StripHopByHop(req);
+    // The upstream gets the key (SPEC §6) and the principal idemd scoped it by, whatever the
+    // client's Connection header names.
+    StripHopByHop(req, {config.key_header, config.principal_header});
+    // Only idemd says which attempt this is (Forward sets it on keyed requests).
+    req.erase(kAttemptHeader);
     // idemd has read the whole body already: an upstream asked to say 100 Continue first would
     // only add an interim answer.
     req.erase(http::field::expect);
@@ -1056,7 +1171,7 @@ struct Server::Impl {
     try {
       co_await ServeRequests(w, stream);
     } catch (const std::exception& e) {
-      log.Write(Level::kError, Cat("event=connection_error error=\"", e.what(), "\""));
+      log.Write(Level::kError, Cat("event=connection_error error=", Quoted{e.what()}));
     }
     boost::system::error_code ignored;
     stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -1087,6 +1202,68 @@ struct Server::Impl {
     return req.version() >= 11 && beast::iequals(req[http::field::expect], "100-continue");
   }
 
+  // Answers `problem` on a connection that then closes: the rest of the request is not read.
+  awaitable<void> Refuse(beast::tcp_stream& stream, const Problem& problem, std::string_view why) {
+    Response res = MakeProblem(11, problem);
+    res.keep_alive(false);
+    res.prepare_payload();
+    stream.expires_after(config.client_timeout);
+    co_await http::async_write(stream, res, kNoThrow);
+    metrics.Count(nullptr, config, Outcome::kBadRequest, {});
+    log.Write(Level::kInfo,
+              Cat("outcome=bad_request status=", problem.status, " error=", Quoted{why}));
+  }
+
+  // What HTTP/1.1 itself refuses in a request's head, checked before its body is read. Its
+  // framing: Beast frames a body by a final "chunked" coding or by Content-Length and ignores
+  // any other transfer coding, so a request another server would read differently (request
+  // smuggling: what Beast takes for the next request is this one's body) is refused, RFC 9112
+  // §6.3 and §6.1. And its Host: missing from an HTTP/1.1 request, or given twice (§3.2).
+  static std::optional<Problem> ProtocolProblem(const Request& req) {
+    std::vector<std::string_view> codings;
+    std::size_t lines = 0;
+    for (auto [it, end] = req.equal_range(http::field::transfer_encoding); it != end; ++it) {
+      ++lines;
+      AnyListItem(std::string_view(it->value()), [&](std::string_view coding) {
+        codings.push_back(coding);
+        return false;
+      });
+    }
+    if (lines > 0) {
+      if (req.version() < 11) {
+        return problems::MalformedRequest("Transfer-Encoding in an HTTP/1.0 request");
+      }
+      if (codings.empty() || !EqualsIgnoreCase(codings.back(), "chunked")) {
+        return problems::MalformedRequest(
+            "the request's final transfer coding is not chunked: its length is unknown");
+      }
+      for (std::size_t i = 0; i + 1 < codings.size(); ++i) {
+        if (EqualsIgnoreCase(codings[i], "chunked")) {
+          return problems::MalformedRequest("chunked is applied more than once");
+        }
+      }
+      if (codings.size() > 1) {
+        return problems::UnsupportedTransferCoding(
+            Cat("idemd decodes only the chunked transfer coding, not ", codings.front()));
+      }
+    }
+    const std::size_t hosts = req.count(http::field::host);
+    if (hosts > 1) return problems::MalformedRequest("more than one Host header");
+    if (hosts == 0 && req.version() >= 11) {
+      return problems::MalformedRequest("an HTTP/1.1 request needs a Host header");
+    }
+    return std::nullopt;
+  }
+
+  // The problem a request's headers alone give it on its route, if any (for a client waiting
+  // for 100 Continue, which then need not send its body).
+  std::optional<Problem> RouteProblem(const Request& req) const {
+    const Result<std::string> origin = OriginForm(std::string_view(req.target()));
+    if (!origin) return problems::InvalidTarget(Cat("the target ", origin.error().message()));
+    const std::string_view path = std::string_view(*origin).substr(0, origin->find('?'));
+    return KeyingOf(req, config.RouteFor(path)).problem;
+  }
+
   // Reads one request (the whole of it within client_timeout), answers it; false: close.
   awaitable<bool> ServeOne(Worker& w, beast::tcp_stream& stream, beast::flat_buffer& buffer) {
     http::request_parser<http::string_body> parser;
@@ -1105,14 +1282,29 @@ struct Server::Impl {
       stream.socket().cancel(ignored);
     });
     auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, kNoThrow);
-    if (!ec && !parser.is_done()) {
+    // A request refused before all of it is read (its framing, or for a client waiting for
+    // 100 Continue, its headers): the connection closes after the answer.
+    std::optional<Problem> refused;
+    std::size_t header_fields = 0;
+    if (!ec) {
+      header_fields = FieldCount(parser.get());
+      refused = ProtocolProblem(parser.get());
+    }
+    if (!ec && !refused && !parser.is_done()) {
       if (ContinueExpected(parser.get()) && buffer.size() == 0) {
         // The client holds its body back for this (RFC 9110 §10.1.1); without it, it waits a
         // while (curl: 1 s) and sends anyway. A body over max_body_bytes was refused with the
-        // header already (its Content-Length), before the client was told to go on.
-        std::tie(ec, n) = co_await asio::async_write(stream, asio::buffer(k100Continue), kNoThrow);
+        // header already (its Content-Length), and so is a request its headers already fail,
+        // before the client is told to go on.
+        refused = RouteProblem(parser.get());
+        if (!refused) {
+          std::tie(ec, n) =
+              co_await asio::async_write(stream, asio::buffer(k100Continue), kNoThrow);
+        }
       }
-      if (!ec) std::tie(ec, n) = co_await http::async_read(stream, buffer, parser, kNoThrow);
+      if (!ec && !refused) {
+        std::tie(ec, n) = co_await http::async_read(stream, buffer, parser, kNoThrow);
+      }
     }
     deadline.cancel();
     if (timed_out && ec) ec = beast::error::timeout;
@@ -1132,24 +1324,25 @@ struct Server::Impl {
                           .detail = "the request did not arrive within client_timeout"};
       } else if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
                  ec != http::error::end_of_stream && ec != http::error::partial_message) {
-        problem = problems::InvalidBody(Cat("malformed HTTP request: ", ec.message()));
+        problem = problems::MalformedRequest(Cat("not a valid HTTP/1.1 request: ", ec.message()));
       }
-      if (problem) {
-        Response res = MakeProblem(11, *problem);
-        res.keep_alive(false);
-        res.prepare_payload();
-        stream.expires_after(config.client_timeout);
-        co_await http::async_write(stream, res, kNoThrow);
-        metrics.Count(nullptr, config, Outcome::kBadRequest, {});
-        log.Write(Level::kInfo, Cat("outcome=bad_request status=", problem->status, " error=\"",
-                                    ec.message(), "\""));
-      }
+      if (problem) co_await Refuse(stream, *problem, ec.message());
+      co_return false;
+    }
+    // Beast adds a chunked body's trailer fields to the header, where they would act as
+    // headers (the key, the principal) though they arrived after the body.
+    if (!refused && FieldCount(parser.get()) > header_fields) {
+      refused = problems::MalformedRequest(
+          "trailer fields after a chunked body are not accepted: send them as headers");
+    }
+    if (refused) {
+      co_await Refuse(stream, *refused, refused->detail);
       co_return false;
     }
     stream.expires_never();
     const auto t0 = SteadyClock::now();
     Request req = parser.release();
-    const bool keep = req.keep_alive() && !draining.load(std::memory_order_relaxed);
+    const bool client_keeps = req.keep_alive();
     const bool head = req.method() == http::verb::head;
     const unsigned version = req.version();
     std::string method, path;  // for the log line, before the request is rewritten upstream
@@ -1159,22 +1352,29 @@ struct Server::Impl {
       path = std::string(target.substr(0, target.find('?')));
     }
     Answer a = co_await Handle(w, req);
+    // Once draining, the connection ends after this answer: say so, also to a request that was
+    // already in flight when it began, so the client does not send its next one on it.
+    const bool keep = client_keeps && !draining.load(std::memory_order_relaxed);
     const unsigned status = a.replay ? a.replay->status : a.res.result_int();
     if (!a.replay) {
       a.res.version(version);
       a.res.keep_alive(keep);
-      if (!head) a.res.prepare_payload();
+      if (status == 204) {
+        a.res.erase(http::field::content_length);
+      } else if (!KeepsLength(status, head) && !Bodiless(status)) {
+        a.res.prepare_payload();
+      }
     }
     const auto elapsed = SteadyClock::now() - t0;
     metrics.Count(a.route, config, a.outcome, elapsed);
     if (log.Enabled(Level::kInfo)) {
-      log.Write(
-          Level::kInfo,
-          Cat("method=", method, " path=\"", path, "\" route=\"", a.route ? a.route->prefix : "-",
-              "\" key=", a.key_hash.empty() ? "-" : a.key_hash,
-              " outcome=", kOutcomeNames[static_cast<int>(a.outcome)], " status=", status,
-              " upstream_status=", a.upstream_status,
-              " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));
+      log.Write(Level::kInfo,
+                Cat("method=", method, " path=", Quoted{path},
+                    " route=", Quoted{a.route ? std::string_view(a.route->prefix) : "-"},
+                    " key=", a.key_hash.empty() ? "-" : a.key_hash,
+                    " outcome=", kOutcomeNames[static_cast<int>(a.outcome)], " status=", status,
+                    " upstream_status=", a.upstream_status,
+                    " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));
     }
     stream.expires_after(config.client_timeout);
     const std::string wire =
@@ -1189,7 +1389,7 @@ struct Server::Impl {
       auto [ec, socket] = co_await w.acceptor->async_accept(kNoThrow);
       if (ec == asio::error::operation_aborted || !w.acceptor->is_open()) co_return;
       if (ec) {
-        log.Write(Level::kWarn, Cat("event=accept_error error=\"", ec.message(), "\""));
+        log.Write(Level::kWarn, Cat("event=accept_error error=", Quoted{ec.message()}));
         asio::steady_timer t(w.io, std::chrono::milliseconds(10));  // e.g. EMFILE: back off
         co_await t.async_wait(kNoThrow);
         continue;

@@ -330,6 +330,15 @@ TEST_P(GatewayStoresTest, InWaitModeConcurrentDuplicatesAllGetTheFirstResponse) 
     EXPECT_EQ(bodies[i], bodies[0]) << i;
   }
   EXPECT_EQ(LedgerCharges(), 1);
+  // One begin answer per request, the one it ended with: the polls of a waiting duplicate are
+  // not answers, its replay is.
+  auto metrics = HttpRequest(admin_port_, "GET", "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"acquired\"} 1\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"replay\"} 49\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"busy\"} 0\n"));
 }
 
 TEST_P(GatewayStoresTest, UpstreamFailureReleasesTheKeySoARetryRunsAgain) {
@@ -528,6 +537,10 @@ TEST_P(GatewayStoresTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
   auto garbage_answer = garbage->ReadResponse();
   ASSERT_TRUE(garbage_answer.has_value()) << garbage_answer.status().ToString();
   EXPECT_EQ(garbage_answer->status, 400);
+  // Not HTTP is a problem of its own, not one of the body's.
+  EXPECT_THAT(garbage_answer->body,
+              HasSubstr("\"type\":\"https://idem.dev/problems/malformed-request\""));
+  EXPECT_THAT(garbage_answer->body, HasSubstr("\"title\":\"Malformed request\""));
 
   EXPECT_EQ(Charge("fine").status, 201);  // others are served meanwhile
 
@@ -632,6 +645,8 @@ TEST_F(GatewayTest, SigtermFinishesRequestsInFlightAndExitsZero) {
   std::thread slow([&] {
     const HttpResponse r = Charge("drain-1", kCharge, {{"X-Ledger-Delay-Ms", "700"}});
     EXPECT_EQ(r.status, 201);
+    // Draining began while it was in flight: its keep-alive connection ends with it.
+    EXPECT_EQ(r.Header("Connection"), "close");
   });
   std::this_thread::sleep_for(200ms);
   ASSERT_TRUE(idemd_->Kill(SIGTERM).ok());
@@ -1140,6 +1155,19 @@ TEST_F(GatewayTest, AnExpectContinueClientIsToldToGoOnUnlessItsBodyIsTooLarge) {
   EXPECT_THAT(ReadUntil(big, "\r\n\r\n", 900ms), StartsWith("HTTP/1.1 413 "));
   ::close(big);
   EXPECT_EQ(LedgerCharges(), 1);
+
+  // Its headers already fail (no key where the route requires one): the error, not 100.
+  const int keyless = ConnectRaw(port_);
+  ASSERT_GE(keyless, 0);
+  SendAll(keyless,
+          "POST /charges HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+          "Expect: 100-continue\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n");
+  const std::string refused = ReadUntil(keyless, "missing-key", 900ms);
+  EXPECT_THAT(refused, StartsWith("HTTP/1.1 400 "));
+  EXPECT_THAT(refused, HasSubstr("Connection: close\r\n"));
+  ::close(keyless);
+  EXPECT_EQ(LedgerCharges(), 1);
 }
 
 // Once SIGTERM has cancelled the upstream calls, a waiting duplicate that takes the released
@@ -1182,6 +1210,272 @@ TEST_F(GatewayTest, AfterSigtermCancelsUpstreamCallsNoNewOneStarts) {
   const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "drain-3"}});
   EXPECT_EQ(retry.status, 201) << retry.body;
   EXPECT_FALSE(retry.HasHeader("Idempotent-Replayed"));
+}
+
+// What idemd answers to `bytes` sent as they are on a fresh connection, and whether it then
+// closed the connection.
+struct RawAnswer {
+  HttpResponse response;
+  bool closed = false;
+};
+RawAnswer SendRaw(std::uint16_t port, std::string_view bytes) {
+  RawAnswer out;
+  auto c = HttpConnection::Connect("127.0.0.1", port, 3s);
+  EXPECT_TRUE(c.has_value());
+  if (!c) return out;
+  EXPECT_TRUE(c->RawSend(bytes).ok());
+  auto r = c->ReadResponse();
+  EXPECT_TRUE(r.has_value()) << r.status().ToString() << "\n" << bytes;
+  if (r) out.response = *r;
+  auto closed = c->WaitForClose(2s);
+  out.closed = closed.has_value() && *closed;
+  return out;
+}
+
+std::string ProblemType(std::string_view name) {
+  return "\"type\":\"https://idem.dev/problems/" + std::string(name) + "\"";
+}
+
+// Beast frames a body only by a final "chunked" or by Content-Length and ignores other
+// transfer codings: such a request's body would be read as a next request (smuggling). They are
+// refused before their body is read, and the connection closed (RFC 9112 §6.1, §6.3).
+TEST_F(GatewayTest, TransferCodingsIdemdCannotFrameAreRefusedAndTheConnectionClosed) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, Created("ok"));
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const std::string smuggled =
+      "POST /smuggled HTTP/1.1\r\nHost: x\r\nIdempotency-Key: smug2\r\nContent-Length: 0\r\n\r\n";
+  const RawAnswer not_chunked =
+      SendRaw(port_,
+              "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: smug1\r\nTransfer-Encoding: "
+              "gzip\r\n\r\n" +
+                  smuggled);
+  EXPECT_EQ(not_chunked.response.status, 400);
+  EXPECT_THAT(not_chunked.response.body, HasSubstr(ProblemType("malformed-request")));
+  EXPECT_TRUE(not_chunked.closed);
+  const RawAnswer with_length =
+      SendRaw(port_,
+              "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: smug3\r\nTransfer-Encoding: "
+              "gzip\r\nContent-Length: " +
+                  std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
+  EXPECT_EQ(with_length.response.status, 400);
+  EXPECT_TRUE(with_length.closed);
+
+  // A coding before chunked that idemd would not decode: the upstream would get its bytes
+  // without it.
+  const std::string gzip_body = "5\r\nhello\r\n0\r\n\r\n";
+  for (const std::string& codings :
+       {std::string("Transfer-Encoding: gzip, chunked\r\n"),
+        std::string("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n")}) {
+    const RawAnswer gzip =
+        SendRaw(port_, "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: gz\r\n" + codings +
+                           "\r\n" + gzip_body);
+    EXPECT_EQ(gzip.response.status, 501) << codings;
+    EXPECT_THAT(gzip.response.body, HasSubstr(ProblemType("unsupported-transfer-coding")));
+    EXPECT_TRUE(gzip.closed) << codings;
+  }
+  const RawAnswer twice =
+      SendRaw(port_,
+              "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: c2\r\nTransfer-Encoding: "
+              "chunked, chunked\r\n\r\n" +
+                  gzip_body);
+  EXPECT_EQ(twice.response.status, 400);
+  EXPECT_TRUE(twice.closed);
+  const RawAnswer http10 =
+      SendRaw(port_,
+              "POST /echo HTTP/1.0\r\nHost: x\r\nIdempotency-Key: old\r\nTransfer-Encoding: "
+              "chunked\r\n\r\n" +
+                  gzip_body);
+  EXPECT_EQ(http10.response.status, 400);
+  EXPECT_TRUE(http10.closed);
+  EXPECT_TRUE(upstream.requests().empty());
+
+  // Plain chunked is still fine.
+  const RawAnswer chunked =
+      SendRaw(port_,
+              "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: ok1\r\nTransfer-Encoding: "
+              "chunked\r\nConnection: close\r\n\r\n" +
+                  gzip_body);
+  EXPECT_EQ(chunked.response.status, 201);
+  ASSERT_EQ(upstream.requests().size(), 1u);
+  EXPECT_THAT(upstream.requests()[0], HasSubstr("\r\n\r\nhello"));
+}
+
+// RFC 9112 §3.2: an HTTP/1.1 request without Host, or any request with two, is a 400.
+TEST_F(GatewayTest, AMissingOrRepeatedHostIs400) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, Created("ok"));
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const RawAnswer none = SendRaw(port_, "GET /x HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(none.response.status, 400);
+  EXPECT_THAT(none.response.body, HasSubstr(ProblemType("malformed-request")));
+  const RawAnswer two = SendRaw(port_, "GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n");
+  EXPECT_EQ(two.response.status, 400);
+  EXPECT_TRUE(upstream.requests().empty());
+  // HTTP/1.0 has no Host requirement.
+  EXPECT_EQ(SendRaw(port_, "GET /x HTTP/1.0\r\n\r\n").response.status, 201);
+  EXPECT_THAT(SendRaw(port_, "G@T /x HTTP/1.1\r\nHost: a\r\n\r\n").response.body,
+              HasSubstr(ProblemType("malformed-request")));
+}
+
+// Beast merges a chunked body's trailer fields into the header: a request's would act as its
+// key or principal, so it is refused; an upstream answer's are neither relayed nor stored.
+TEST_F(GatewayTest, TrailerFieldsNeverActAsHeaders) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd,
+            "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n"
+            "X-Public: 1\r\n\r\n2\r\nok\r\n0\r\nX-T: trailer\r\nX-Internal: 1\r\n\r\n");
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const RawAnswer trailed =
+      SendRaw(port_,
+              "POST /charges HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+              "2\r\n{}\r\n0\r\nIdempotency-Key: from-trailer\r\nAuthorization: Bearer b\r\n\r\n");
+  EXPECT_EQ(trailed.response.status, 400);
+  EXPECT_THAT(trailed.response.body, HasSubstr("trailer"));
+  EXPECT_TRUE(upstream.requests().empty());
+
+  const HttpResponse first = Post(port_, "/charges", {{"Idempotency-Key", "t1"}});
+  EXPECT_EQ(first.status, 201);
+  EXPECT_EQ(first.body, "ok");
+  EXPECT_EQ(first.Header("X-Public"), "1");
+  EXPECT_FALSE(first.HasHeader("X-T"));
+  EXPECT_FALSE(first.HasHeader("X-Internal"));
+  const HttpResponse replay = Post(port_, "/charges", {{"Idempotency-Key", "t1"}});
+  EXPECT_EQ(replay.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.body, "ok");
+  EXPECT_FALSE(replay.HasHeader("X-T"));
+  EXPECT_FALSE(replay.HasHeader("X-Internal"));
+}
+
+// Beast's default header limit is 8 KiB; an upstream's valid answer over it must not become a
+// 502 that releases the key (each retry would run the upstream again).
+TEST_F(GatewayTest, AnUpstreamAnswerWithALargeHeaderSectionIsRelayedAndStored) {
+  const std::string big(20000, 'b');
+  FakeUpstream upstream([&](int fd, const std::string&) {
+    SendAll(fd, "HTTP/1.1 201 Created\r\nX-Big: " + big + "\r\nContent-Length: 2\r\n\r\nok");
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  const HttpResponse first = Post(port_, "/charges", {{"Idempotency-Key", "big-1"}});
+  EXPECT_EQ(first.status, 201) << first.body;
+  EXPECT_EQ(first.Header("X-Big"), big);
+  const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "big-1"}});
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_EQ(retry.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(retry.Header("X-Big"), big);
+  EXPECT_EQ(upstream.requests().size(), 1u);
+}
+
+std::size_t CountHeader(const HttpResponse& r, std::string_view name) {
+  return static_cast<std::size_t>(std::count_if(
+      r.headers.begin(), r.headers.end(), [&](const auto& h) { return Lower(h.first) == name; }));
+}
+
+// RFC 9110 §8.6: a 204 has no Content-Length; a 304's is the 200's (the upstream's), or none.
+// The first answer and its replay say the same; so does a HEAD passed through.
+TEST_F(GatewayTest, NoContentAndNotModifiedKeepTheirLengthOnReplayToo) {
+  FakeUpstream upstream([](int fd, const std::string& request) {
+    if (request.starts_with("POST /none ")) {
+      SendAll(fd, "HTTP/1.1 204 No Content\r\nX-N: 1\r\n\r\n");
+    } else if (request.starts_with("POST /same ")) {
+      SendAll(fd, "HTTP/1.1 304 Not Modified\r\nETag: \"e1\"\r\nContent-Length: 1234\r\n\r\n");
+    } else {
+      SendAll(fd, "HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n");
+    }
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  for (int i = 0; i < 2; ++i) {
+    const HttpResponse none = Post(port_, "/none", {{"Idempotency-Key", "n1"}}, "");
+    EXPECT_EQ(none.status, 204);
+    EXPECT_EQ(CountHeader(none, "content-length"), 0u) << i;
+    EXPECT_EQ(none.HasHeader("Idempotent-Replayed"), i == 1);
+    const HttpResponse same = Post(port_, "/same", {{"Idempotency-Key", "s1"}}, "");
+    EXPECT_EQ(same.status, 304);
+    EXPECT_EQ(same.Header("Content-Length"), "1234") << i;
+    EXPECT_EQ(CountHeader(same, "content-length"), 1u) << i;
+    EXPECT_EQ(same.HasHeader("Idempotent-Replayed"), i == 1);
+  }
+  EXPECT_EQ(upstream.requests().size(), 2u);
+  auto head = HttpRequest(port_, "HEAD", "/things", {}, {}, 3s);
+  ASSERT_TRUE(head.has_value()) << head.status().ToString();
+  EXPECT_EQ(head->Header("Content-Length"), "42");
+}
+
+// A status Beast has no phrase for is replayed with its class's, not a placeholder.
+TEST_F(GatewayTest, AReplayOfAnUnregisteredStatusHasASensibleReasonPhrase) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, "HTTP/1.1 299 Whatever\r\nContent-Length: 2\r\n\r\nok");
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  EXPECT_EQ(Post(port_, "/charges", {{"Idempotency-Key", "u1"}}).status, 299);
+  const HttpResponse replay = Post(port_, "/charges", {{"Idempotency-Key", "u1"}});
+  EXPECT_EQ(replay.status, 299);
+  EXPECT_EQ(replay.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.reason, "Success");
+}
+
+// SPEC §6: the request is forwarded with its key, whatever the client's Connection header
+// names; and only idemd says which attempt a request is.
+TEST_F(GatewayTest, TheKeyIsForwardedWhateverConnectionNamesAndClientAttemptsAreNot) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, Created("ok"));
+    return true;
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url()}));
+  EXPECT_EQ(Post(port_, "/charges",
+                 {{"Connection", "Idempotency-Key, Authorization, X-Hop"},
+                  {"Idempotency-Key", "k1"},
+                  {"Authorization", "Bearer a"},
+                  {"X-Hop", "1"},
+                  {"Idempotency-Attempt", "9"},
+                  {"Idempotency-Attempt", "8"}})
+                .status,
+            201);
+  auto passed = HttpRequest(port_, "GET", "/things", {{"Idempotency-Attempt", "9"}}, {}, 3s);
+  ASSERT_TRUE(passed.has_value());
+  const std::vector<std::string> seen = upstream.requests();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(HeaderIn(seen[0], "idempotency-key"), "k1");
+  EXPECT_EQ(HeaderIn(seen[0], "authorization"), "Bearer a");
+  EXPECT_EQ(HeaderIn(seen[0], "x-hop"), "");
+  EXPECT_EQ(HeaderIn(seen[0], "idempotency-attempt"), "1");
+  EXPECT_THAT(Lower(seen[0]), Not(HasSubstr("idempotency-attempt: 9")));
+  EXPECT_THAT(Lower(seen[0]), Not(HasSubstr("idempotency-attempt: 8")));
+  EXPECT_EQ(HeaderIn(seen[1], "idempotency-attempt"), "");
+}
+
+// Two principal headers: which principal's key is it? (The scope took the first; the upstream
+// got both.)
+TEST_F(GatewayTest, TwoPrincipalHeadersAre400) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  const HttpResponse two =
+      Charge("p-1", kCharge, {{"Authorization", "Bearer a"}, {"Authorization", "Bearer b"}});
+  EXPECT_EQ(two.status, 400);
+  EXPECT_THAT(two.body, HasSubstr(ProblemType("invalid-principal")));
+  EXPECT_EQ(LedgerCharges(), 0);
+}
+
+// A request's path is logged between quotes: a '"' or '\' in it cannot end the field and forge
+// another one.
+TEST_F(GatewayTest, LoggedValuesAreEscaped) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--log-level", "info"}));
+  auto r = HttpRequest(port_, "GET", R"(/x"\y"status=999)", {}, {}, 3s);
+  ASSERT_TRUE(r.has_value()) << r.status().ToString();
+  const std::string want = R"(path="/x\"\\y\"status=999" route=)";
+  std::string log;
+  for (int i = 0; i < 100 && log.find(want) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+    log = idemd_->Stderr();
+  }
+  EXPECT_THAT(log, HasSubstr(want));
 }
 
 // ---- in process, over a store that fails on demand ----

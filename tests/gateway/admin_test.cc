@@ -48,5 +48,32 @@ TEST(AdminServerTest, ASlowReadinessCheckHoldsNeitherHealthzNorMetrics) {
   (*admin)->Stop();
 }
 
+// A HEAD answer has no body (one would be read as the start of the next answer on the
+// connection), a query string does not change the path, and other methods are 405.
+TEST(AdminServerTest, HeadHasNoBodyQueriesAreIgnoredAndOtherMethodsAre405) {
+  Registry registry;
+  registry.AddCounter("idem_test_total", "a counter").Inc();
+  auto admin = AdminServer::Start({"127.0.0.1", 0}, registry, [] { return OkStatus(); });
+  ASSERT_TRUE(admin) << admin.error().ToString();
+  auto c = testing::HttpConnection::Connect("127.0.0.1", (*admin)->bound().port, 5s);
+  ASSERT_TRUE(c) << c.error().ToString();
+  auto head = c->Send("HEAD", "/healthz");
+  ASSERT_TRUE(head) << head.error().ToString();
+  EXPECT_EQ(head->status, 200);
+  EXPECT_EQ(head->Header("Content-Length"), "3");
+  auto metrics = c->Send("GET", "/metrics?x=1");
+  ASSERT_TRUE(metrics) << metrics.error().ToString();
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_NE(metrics->body.find("idem_test_total 1"), std::string::npos) << metrics->body;
+  auto post = c->Send("POST", "/metrics");
+  ASSERT_TRUE(post) << post.error().ToString();
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(post->Header("Allow"), "GET, HEAD");
+  auto after = c->Send("GET", "/healthz");
+  ASSERT_TRUE(after) << after.error().ToString();
+  EXPECT_EQ(after->body, "ok\n");
+  (*admin)->Stop();
+}
+
 }  // namespace
 }  // namespace idem::gateway
