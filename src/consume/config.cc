@@ -47,6 +47,8 @@ Result<std::uint64_t> Count(const toml::node& n, std::uint64_t min, std::uint64_
   return v;
 }
 
+constexpr milliseconds kMaxPollWait{10'000};
+
 Result<milliseconds> PositiveDuration(const toml::node& n) {
   auto d = DurationFromNode(n);
   if (!d) return d;
@@ -232,7 +234,18 @@ const std::map<std::string, Setter, std::less<>>& ConsumerOptions() {
        }},
       {"batch",
        Set(&ConsumerConfig::batch, [](const toml::node& n) { return Count(n, 1, kMaxBatch); })},
-      {"poll_wait", Set(&ConsumerConfig::poll_wait, DurationFromNode)},
+      {"poll_wait", Set(&ConsumerConfig::poll_wait,
+                        [](const toml::node& n) -> Result<milliseconds> {
+                          // A stopping consumer finishes the poll it is in: this bounds how
+                          // long SIGTERM takes.
+                          auto d = DurationFromNode(n);
+                          if (d && *d > kMaxPollWait) {
+                            return InvalidArgumentError(FormatDuration(*d) +
+                                                        " is above the maximum, 10s (a consumer "
+                                                        "stopping finishes its current poll)");
+                          }
+                          return d;
+                        })},
       {"lease", Set(&ConsumerConfig::lease, PositiveDuration)},
       {"retention", Set(&ConsumerConfig::retention, PositiveDuration)},
       {"failure_retention", Set(&ConsumerConfig::failure_retention, PositiveDuration)},
@@ -459,7 +472,7 @@ Top-level options (file or flag):
   fingerprint        none | bytes | json: a key reused for another payload is dead-lettered
                      as a conflict
   scope              store scope (default: name)
-  batch              messages per poll (default 256)      poll_wait (default 100ms)
+  batch              messages per poll (default 256)      poll_wait (default 100ms, at most 10s)
   lease              (default 30s)  retention (default 24h)  failure_retention (default 24h)
   max_attempts       handler runs before the DLQ (default 5)
   backoff, max_backoff  retry delays: backoff doubling up to max_backoff, with jitter

@@ -169,6 +169,14 @@ TEST(ConsumeConfigTest, ALeaseMayBeShorterThanTheHandlerTimeout) {
 TEST(ConsumeConfigTest, ErrorsNameTheFileLineAndOption) {
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "batch = 0\n"),
             "c.toml:10: consumer.batch: 0 is not within 1..100000");
+  // A stopping consumer finishes its current poll; a lease or retention above what the stores
+  // take would fail every message.
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "poll_wait = \"11s\"\n"),
+            "c.toml:10: consumer.poll_wait: 11s is above the maximum, 10s (a consumer stopping "
+            "finishes its current poll)");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "retention = \"200000d\"\n"),
+            "c.toml:10: consumer.retention: \"200000d\" is above the longest duration idem "
+            "accepts, 10 years");
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "colour = \"red\"\n"),
             "c.toml:10: consumer.colour: unknown option");
   EXPECT_EQ(ErrorOf(std::string(kMinimal) + "key = \"body\"\n"),

@@ -27,9 +27,9 @@ using std::chrono::seconds;
 
 constexpr std::size_t kMaxThreads = 1024;
 constexpr std::size_t kMaxStoreThreads = 4096;
-// A stored response is the body plus at most the upstream's header block (Beast's 8 KiB
-// response header limit) and a few bytes of framing. Every store must take it in one record,
-// and the log store's limit is the smallest (64 MiB a frame, stores/log/codec.h): a body it
+// A stored response is the body plus at most the upstream's header block (64 KiB, the
+// response parser's limit in server.cc) and a few bytes of framing. Every store must take it in one
+// record, and the log store's limit is the smallest (64 MiB a frame, stores/log/codec.h): a body it
 // refused would leave the key IN_PROGRESS after the upstream acted, and the retry after the
 // lease would run it again. So the option stops well below that.
 constexpr std::uint64_t kMaxStoredBodyBytes = std::uint64_t{32} << 20;
@@ -56,18 +56,24 @@ constexpr std::string_view kDurationSyntax =
 constexpr std::string_view kSizeSyntax =
     "write e.g. 4096, 16KiB, 1MiB or 1GiB; KB, MB, GB are powers of 1000";
 
+// Every duration option is at most core::kMaxDuration: the longest lease or retention the
+// stores take, and far below where a deadline of now + d overflows the clocks' nanoseconds
+// (292 years), which would end a timeout at once instead of never.
+Result<milliseconds> AtMostTheLongest(std::string_view text, std::uint64_t ms) {
+  if (ms > static_cast<std::uint64_t>(core::kMaxDuration.count())) {
+    return InvalidArgumentError(Quote(text) + " is above the longest duration idem accepts, " +
+                                std::string(core::kMaxDurationText));
+  }
+  return milliseconds(static_cast<milliseconds::rep>(ms));
+}
+
 // "250ms", "30s", "5m", "1h", "1d", "1h30m"; a bare integer is milliseconds.
 Result<milliseconds> ParseDuration(std::string_view text) {
   const auto bad = [&] {
     return InvalidArgumentError(Quote(text) + " is not a duration (" +
                                 std::string(kDurationSyntax) + ")");
   };
-  if (auto bare = ParseUnsigned(text)) {
-    if (*bare > static_cast<std::uint64_t>(std::numeric_limits<milliseconds::rep>::max())) {
-      return bad();
-    }
-    return milliseconds(static_cast<milliseconds::rep>(*bare));
-  }
+  if (auto bare = ParseUnsigned(text)) return AtMostTheLongest(text, *bare);
   std::uint64_t total = 0;
   std::string_view rest = text;
   if (rest.empty()) return bad();
@@ -91,7 +97,7 @@ Result<milliseconds> ParseDuration(std::string_view text) {
     total += *number * scale;
     rest.remove_prefix(unit_len);
   }
-  return milliseconds(static_cast<milliseconds::rep>(total));
+  return AtMostTheLongest(text, total);
 }
 
 // "4096", "16KiB", "1MiB", "1GiB", "1KB", "2MB", "1GB", "512B".
@@ -360,7 +366,7 @@ Result<milliseconds> DurationFromNode(const toml::node& n) {
   if (n.is_integer()) {
     auto v = NonNegative(n);
     if (!v) return v.error();
-    return milliseconds(static_cast<milliseconds::rep>(*v));
+    return AtMostTheLongest(std::to_string(*v), *v);
   }
   if (n.is_string()) return ParseDuration(n.as_string()->get());
   return WrongType(n, "a duration string (\"30s\") or an integer of milliseconds");
@@ -741,11 +747,6 @@ Status ParseRoute(std::string_view file, const toml::table& t, Draft& draft,
         wait_at = where;
       } else if (d->count() == 0) {
         return fail("must be above 0");
-      } else if (*d > core::kMaxDuration) {
-        // Every store refuses longer ones (core::DurationInRange): each keyed request would
-        // fail at the store.
-        return fail(FormatDuration(*d) + " is above the stores' limit of " +
-                    std::string(core::kMaxDurationText));
       } else if (key == "lease") {
         route.lease = *d;
         origin = {where, true};
@@ -971,6 +972,12 @@ Result<UpstreamUrl> ParseUpstreamUrl(std::string_view url) {
   std::string_view base = slash == std::string_view::npos ? "" : rest.substr(slash);
   if (base.find_first_of("?#") != std::string_view::npos) {
     return InvalidArgumentError(Quote(url) + ": the base path may not have a query or fragment");
+  }
+  // It is copied into every forwarded request line: a space or control byte would break it.
+  if (std::any_of(base.begin(), base.end(), [](char c) { return c <= ' ' || c >= 0x7f; })) {
+    return InvalidArgumentError(Quote(url) +
+                                ": the base path may not have spaces, control or non-ASCII bytes "
+                                "(percent-encode them)");
   }
   while (!base.empty() && base.back() == '/') base.remove_suffix(1);
   if (authority.find('@') != std::string_view::npos) {

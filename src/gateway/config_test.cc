@@ -381,6 +381,11 @@ TEST(GatewayConfigFile, UpstreamMustBePlainHttp) {
   EXPECT_THAT(Error("upstream = \"127.0.0.1:9000\"\n"),
               StartsWith("idemd.toml:1: upstream: \"127.0.0.1:9000\" is not http://"));
   EXPECT_THAT(Error("upstream = \"http://h:99999\"\n"), HasSubstr("out of range"));
+  // The base path goes into every forwarded request line.
+  EXPECT_THAT(Error("upstream = \"http://h:9000/base path\"\n"),
+              HasSubstr("the base path may not have spaces"));
+  EXPECT_THAT(FlagError({"--upstream", "http://h:9000/b\x01"}),
+              HasSubstr("the base path may not have spaces"));
 
   auto u = ParseUpstreamUrl("http://api.internal/v1/");
   ASSERT_TRUE(u) << u.error().ToString();
@@ -524,9 +529,22 @@ TEST(GatewayConfigFile, LimitsTheStoresEnforce) {
   EXPECT_THAT(FlagError({"--max-key-bytes", "4096"}), HasSubstr("is above the maximum, 255"));
   EXPECT_TRUE(ParseConfig("[[route]]\nprefix = \"/\"\nretention = \"3660d\"\n", "idemd.toml"));
   EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nretention = \"3661d\"\n"),
-              StartsWith("idemd.toml:3: route.retention: 3661d is above the stores' limit"));
+              StartsWith("idemd.toml:3: route.retention: \"3661d\" is above the longest duration "
+                         "idem accepts, 10 years"));
   EXPECT_THAT(Error("[[route]]\nprefix = \"/\"\nlease = \"4000d\"\n"),
-              StartsWith("idemd.toml:3: route.lease: 4000d is above the stores' limit"));
+              StartsWith("idemd.toml:3: route.lease: \"4000d\" is above the longest"));
+}
+
+// A deadline of now + d overflows the clocks' nanoseconds past 292 years, which would end a
+// timeout at once: every duration option stops at 10 years.
+TEST(GatewayConfigFile, EveryDurationIsAtMostTenYears) {
+  EXPECT_TRUE(ParseConfig("idle_timeout = \"3660d\"\n", "idemd.toml"));
+  EXPECT_EQ(Error("idle_timeout = \"150000d\"\n"),
+            "idemd.toml:1: idle_timeout: \"150000d\" is above the longest duration idem "
+            "accepts, 10 years");
+  EXPECT_THAT(Error("client_timeout = 316224000001\n"), HasSubstr("is above the longest"));
+  EXPECT_THAT(FlagError({"--shutdown-grace", "1000000d"}), HasSubstr("is above the longest"));
+  EXPECT_THAT(FlagError({"--client-timeout", "3661d"}), HasSubstr("is above the longest"));
 }
 
 TEST(GatewayConfigFile, LeaseMustExceedUpstreamTimeout) {
