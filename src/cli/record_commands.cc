@@ -282,7 +282,9 @@ const Command& PurgeCommand() {
       .summary = "reclaim every record whose retention is over",
       .help =
           "Reclaims now every record whose retention is over (a running store does the\n"
-          "same in the background) and prints how many.\n\n" IDEM_CLI_STORE_URL_HELP
+          "same in the background) and prints how many. Opening a log: store already\n"
+          "leaves out what expired while it was closed: those are not "
+          "counted.\n\n" IDEM_CLI_STORE_URL_HELP
           "\nExit status: 0 done, 1 the store failed, 2 usage error.\n",
       .flags = {},
       .arg_names = {"STORE_URL"},

@@ -967,19 +967,22 @@ std::chrono::milliseconds InitTimeout(const PostgresStoreOptions& o) {
 }
 }  // namespace
 
+// The connection is made within connect_timeout, as every store call's is: a server that
+// accepts and never answers fails the call then, not a minute later.
 Result<std::optional<int>> PostgresSchemaVersion(const PostgresStoreOptions& options) {
   IDEM_RETURN_IF_ERROR(pg::CheckSchemaName(options.schema));
-  const pg::Deadline deadline = pg::DeadlineIn(options.connect_timeout + InitTimeout(options));
-  auto conn = pg::Connection::Open(options.conninfo, deadline, options.statement_timeout);
+  auto conn = pg::Connection::Open(options.conninfo, pg::DeadlineIn(options.connect_timeout),
+                                   options.statement_timeout);
   if (!conn) return conn.error();
-  return pg::ReadVersion(**conn, options.schema, deadline);
+  return pg::ReadVersion(**conn, options.schema, pg::DeadlineIn(options.statement_timeout));
 }
 
 Status InitPostgresSchema(const PostgresStoreOptions& options) {
   IDEM_RETURN_IF_ERROR(pg::CheckSchemaName(options.schema));
-  const pg::Deadline deadline = pg::DeadlineIn(options.connect_timeout + InitTimeout(options));
-  auto conn = pg::Connection::Open(options.conninfo, deadline, InitTimeout(options));
+  auto conn = pg::Connection::Open(options.conninfo, pg::DeadlineIn(options.connect_timeout),
+                                   InitTimeout(options));
   if (!conn) return conn.error();
+  const pg::Deadline deadline = pg::DeadlineIn(InitTimeout(options));
   pg::Connection& c = **conn;
   // One transaction: a failure part-way leaves the database as it was.
   auto begun = c.Exec("BEGIN", deadline);
