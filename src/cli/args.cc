@@ -89,32 +89,6 @@ int Failure(const Command& command, std::string_view message) {
   return kExitFailed;
 }
 
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
-  const auto bad = [&] {
-    return InvalidArgumentError("bad duration \"" + std::string(text) +
-                                "\": expected a whole number and a unit: ms, s, m, h or d "
-                                "(e.g. 500ms, 30s, 5m, 2h, 7d)");
-  };
-  std::int64_t n = 0;
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, n);
-  if (ec != std::errc() || p == text.data() || n < 0) return bad();
-  const std::string_view unit(p, static_cast<std::size_t>(end - p));
-  std::int64_t scale = 0;
-  if (unit == "ms") scale = 1;
-  if (unit == "s") scale = 1000;
-  if (unit == "m") scale = 60 * 1000;
-  if (unit == "h") scale = 3600 * 1000;
-  if (unit == "d") scale = 24 * 3600 * 1000;
-  if (scale == 0) return bad();
-  // Beyond 100 years is a typo, not a filter, and keeps now - d far from overflow.
-  constexpr std::int64_t kMaxMs = 100LL * 366 * 24 * 3600 * 1000;
-  if (n > kMaxMs / scale) {
-    return InvalidArgumentError("duration \"" + std::string(text) + "\" is over 100 years");
-  }
-  return std::chrono::milliseconds(n * scale);
-}
-
 Result<std::uint64_t> ParseCount(std::string_view text) {
   std::uint64_t n = 0;
   const char* end = text.data() + text.size();

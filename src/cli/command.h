@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/duration_text.h"
 #include "idem/status.h"
 
 namespace idem::cli {
@@ -67,8 +68,8 @@ int UsageError(const Command& command, std::string_view message);
 // Prints "idem NAME: message" on stderr; returns kExitFailed.
 int Failure(const Command& command, std::string_view message);
 
-// "500ms", "30s", "5m", "2h", "7d" -> milliseconds.
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
+// "500ms", "30s", "5m", "2h", "1h30m", "7d" -> milliseconds: the one syntax of every duration.
+using core::ParseDuration;
 // A decimal count, at least 1.
 Result<std::uint64_t> ParseCount(std::string_view text);
 

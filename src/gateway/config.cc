@@ -12,6 +12,7 @@
 #include <utility>
 #include <variant>
 
+#include "core/duration_text.h"
 #include "core/machine.h"
 #include "gateway/config_values.h"
 #include "idem/key.h"
@@ -51,54 +52,8 @@ std::optional<std::uint64_t> ParseUnsigned(std::string_view s) {
   return v;
 }
 
-constexpr std::string_view kDurationSyntax =
-    "write e.g. 250ms, 30s, 5m, 1h, 1h30m or 1d; a bare integer is milliseconds";
 constexpr std::string_view kSizeSyntax =
     "write e.g. 4096, 16KiB, 1MiB or 1GiB; KB, MB, GB are powers of 1000";
-
-// Every duration option is at most core::kMaxDuration: the longest lease or retention the
-// stores take, and far below where a deadline of now + d overflows the clocks' nanoseconds
-// (292 years), which would end a timeout at once instead of never.
-Result<milliseconds> AtMostTheLongest(std::string_view text, std::uint64_t ms) {
-  if (ms > static_cast<std::uint64_t>(core::kMaxDuration.count())) {
-    return InvalidArgumentError(Quote(text) + " is above the longest duration idem accepts, " +
-                                std::string(core::kMaxDurationText));
-  }
-  return milliseconds(static_cast<milliseconds::rep>(ms));
-}
-
-// "250ms", "30s", "5m", "1h", "1d", "1h30m"; a bare integer is milliseconds.
-Result<milliseconds> ParseDuration(std::string_view text) {
-  const auto bad = [&] {
-    return InvalidArgumentError(Quote(text) + " is not a duration (" +
-                                std::string(kDurationSyntax) + ")");
-  };
-  if (auto bare = ParseUnsigned(text)) return AtMostTheLongest(text, *bare);
-  std::uint64_t total = 0;
-  std::string_view rest = text;
-  if (rest.empty()) return bad();
-  while (!rest.empty()) {
-    std::size_t digits = 0;
-    while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9') ++digits;
-    std::size_t unit_len = digits;
-    while (unit_len < rest.size() && rest[unit_len] >= 'a' && rest[unit_len] <= 'z') ++unit_len;
-    const auto number = ParseUnsigned(rest.substr(0, digits));
-    const std::string_view unit = rest.substr(digits, unit_len - digits);
-    if (!number) return bad();
-    std::uint64_t scale = 0;
-    if (unit == "ms") scale = 1;
-    if (unit == "s") scale = 1000;
-    if (unit == "m") scale = 60'000;
-    if (unit == "h") scale = 3'600'000;
-    if (unit == "d") scale = 86'400'000;
-    if (scale == 0) return bad();
-    constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<milliseconds::rep>::max());
-    if (*number > (kMax - total) / scale) return bad();
-    total += *number * scale;
-    rest.remove_prefix(unit_len);
-  }
-  return AtMostTheLongest(text, total);
-}
 
 // "4096", "16KiB", "1MiB", "1GiB", "1KB", "2MB", "1GB", "512B".
 Result<std::uint64_t> ParseSize(std::string_view text) {
@@ -366,7 +321,7 @@ Result<milliseconds> DurationFromNode(const toml::node& n) {
   if (n.is_integer()) {
     auto v = NonNegative(n);
     if (!v) return v.error();
-    return AtMostTheLongest(std::to_string(*v), *v);
+    return core::DurationOfMillis(*v);
   }
   if (n.is_string()) return ParseDuration(n.as_string()->get());
   return WrongType(n, "a duration string (\"30s\") or an integer of milliseconds");

@@ -14,14 +14,14 @@
 #include <utility>
 #include <vector>
 
+#include "core/duration_text.h"
 #include "gateway/config.h"
 #include "idem/status.h"
 
 namespace idem::gateway::config_detail {
 
 std::string Quote(std::string_view s);  // "\"s\""
-// "250ms", "30s", "5m", "1h", "1d" or sums ("1h30m").
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
+using core::ParseDuration;              // "250ms", "30s", "5m", "1h", "1d" or sums ("1h30m")
 std::string FormatDuration(std::chrono::milliseconds d);
 Result<std::uint64_t> ParseSize(std::string_view text);  // 4096, "16KiB", "1MiB"
 // nullopt when fine, else what is wrong with it.

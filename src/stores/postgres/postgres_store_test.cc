@@ -116,7 +116,8 @@ TEST(PostgresUrlTest, RejectsWhatIsWrongNamingIt) {
   rejects("postgres://h/db?pool_size=many", "pool_size=many");
   rejects("postgres://h/db?max_transactions=-1", "max_transactions=-1");
   rejects("postgres://h/db?statement_timeout=5x", "statement_timeout=5x");
-  rejects("postgres://h/db?statement_timeout=0", "positive duration");
+  rejects("postgres://h/db?statement_timeout=0", "statement_timeout=0 must be above 0");
+  rejects("postgres://h/db?reclaim_interval=3661d", "is above the longest duration");
   rejects("postgres://h/db?connect_timeout=", "connect_timeout=");
   rejects("postgres://h/db?schema", "\"schema\" has no value");
   rejects("postgres://h/db?no_such_option=1", "no_such_option");

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/duration_text.h"
 #include "idem/stores/postgres.h"
 #include "stores/postgres/schema.h"
 
@@ -26,33 +27,14 @@ Result<std::uint64_t> ParseCount(std::string_view name, std::string_view text, s
   return v;
 }
 
-// "250ms", "5s", "2m", "1h", "7d" or plain milliseconds.
+// core::ParseDuration's syntax; 0 only where `zero_ok`.
 Result<std::chrono::milliseconds> ParseDuration(std::string_view name, std::string_view text,
                                                 bool zero_ok) {
-  std::size_t digits = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-  const std::string_view unit = text.substr(digits);
-  std::int64_t scale = 0;
-  if (unit.empty() || unit == "ms") {
-    scale = 1;
-  } else if (unit == "s") {
-    scale = 1000;
-  } else if (unit == "m") {
-    scale = 60'000;
-  } else if (unit == "h") {
-    scale = 3'600'000;
-  } else if (unit == "d") {
-    scale = 86'400'000;
-  }
-  std::int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, v);
-  const std::int64_t limit = 100LL * 366 * 86'400'000;  // as the core's duration checks
-  if (digits == 0 || scale == 0 || ec != std::errc() || end != text.data() + digits ||
-      v > limit / scale || (v == 0 && !zero_ok)) {
-    return Bad(std::string(name) + "=" + std::string(text) + " is not a " +
-               (zero_ok ? "" : "positive ") + "duration such as 500ms, 5s, 2m, 1h or 1d");
-  }
-  return std::chrono::milliseconds(v * scale);
+  auto d = core::ParseDuration(text);
+  const std::string option = std::string(name) + "=" + std::string(text);
+  if (!d) return Bad(option + ": " + d.error().message());
+  if (d->count() == 0 && !zero_ok) return Bad(option + " must be above 0");
+  return d;
 }
 
 }  // namespace
