@@ -113,7 +113,10 @@ const Command& StoreVerifyCommand() {
       .help = R"help(Reads every file of the log store in DIR and checks every checksum, changing
 nothing. Prints the files, bytes, batches and entries read, whether the last file
 ends in a torn batch (a crash mid-write; opening the store cuts it off, so a torn
-tail alone is ok), and one line per damaged place: "FILE offset N: what".
+tail alone is ok), and one line per damaged place: "FILE offset N: what", N being
+where the damaged batch starts (where the open stops); it goes on past each one,
+so it lists every place 'idem store repair' would drop, and the bytes it drops.
+A file of another format version is a failure (exit status 1), not damage.
 When stderr is a terminal, shows progress on one updating line.
 
 DIR is the store's directory (a log:DIR store URL is accepted too). The store must
@@ -134,14 +137,27 @@ const Command& StoreRepairCommand() {
   static const Command command{
       .name = "store repair",
       .synopsis = "idem store repair DIR",
-      .summary = "rewrite a damaged log store, keeping every intact entry",
+      .summary = "rewrite a damaged log store, keeping the entries it can find intact",
       .help =
-          R"help(Rewrites the log store in DIR into a new file holding every entry whose checksum
-holds, and drops the damaged bytes. Prints how many entries were kept, how many bytes
-were dropped and each dropped range ("FILE bytes [a, b)"). Nothing is deleted: the
-old files move to DIR/repair-backup-<time>/, whose path is printed. Records whose
-entries were dropped are lost (or fall back to an older state): run
-'idem store verify DIR' first to see what is damaged.
+          R"help(Rewrites the log store in DIR into a new file holding the entries it can still
+find intact, and drops the damaged bytes. What is kept: every batch that checks
+out; in a damaged batch, the entries before the damage, and those after a damaged
+entry when its length field still leads to the next one (or, when its length
+field alone is damaged, the length at which its checksum holds does, and it is
+kept too). When an entry's length cannot be found, the batch's later entries
+cannot be found either (entries carry no marker to find them by), and are dropped
+up to the next batch header that checks out; a snapshot is one batch, so that can
+be much of it.
+A file whose header is damaged is read with the salt of the store's other files
+(or the one its header holds, if its batches check out under it); failing that it
+is dropped whole, as is a file of another store. A file of another format version
+stops the repair before anything changes.
+Prints how many entries were kept, how many bytes were dropped and each damaged
+place: "FILE bytes [a, b) (what)" for each dropped range, or "FILE offset N: what
+(nothing dropped)". Nothing is deleted: the old files move to
+DIR/repair-backup-<time>/, whose path is printed. Records whose entries were dropped
+are lost (or fall back to an older state): run 'idem store verify DIR' first to see
+what is damaged; it lists the same places.
 When stderr is a terminal, shows progress on one updating line.
 
 DIR is the store's directory (a log:DIR store URL is accepted too). The store must

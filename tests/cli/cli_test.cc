@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -27,6 +28,7 @@
 #include "idem/store.h"
 #include "idem/stores/log.h"
 #include "stores/log/batch.h"
+#include "stores/log/files.h"
 #include "tests/support/fake_clock.h"
 
 extern char** environ;
@@ -41,7 +43,9 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-constexpr std::chrono::milliseconds k50Years{50LL * 365 * 24 * 3600 * 1000};
+// Records the CLI reads later in the test: kept far longer than any test runs (the stores take
+// at most 10 years).
+constexpr std::chrono::milliseconds kFiveYears{5LL * 365 * 24 * 3600 * 1000};
 
 struct ProcessRun {
   int exit_code = -1;
@@ -184,7 +188,7 @@ TEST_F(CliTest, BadFlagsAreUsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("bad count \"0\""));
   r = RunIdem({"list", "memory:", "--older-than", "5 minutes"});
   EXPECT_EQ(r.exit_code, 2) << r;
-  EXPECT_THAT(r.err, HasSubstr("bad duration \"5 minutes\""));
+  EXPECT_THAT(r.err, HasSubstr("\"5 minutes\" is not a duration"));
   r = RunIdem({"list", "memory:", "--state", "done"});
   EXPECT_EQ(r.exit_code, 2) << r;
   EXPECT_THAT(r.err, HasSubstr("bad --state \"done\""));
@@ -296,12 +300,12 @@ class LogStoreCliTest : public CliTest {
     Store& s = **store;
     fingerprint_ = FingerprintBytes("request one");
     const Token t1 = Acquire(s, "orders", "k1", fingerprint_);
-    ASSERT_EQ(Complete(s, "orders", "k1", t1, Outcome::kSuccess, "{\"ok\":true}", k50Years),
+    ASSERT_EQ(Complete(s, "orders", "k1", t1, Outcome::kSuccess, "{\"ok\":true}", kFiveYears),
               WriteAnswer::kApplied);
     const Token t2 = Acquire(s, "orders", "k2", std::nullopt);
     binary_.assign(100, '\0');
     for (std::size_t i = 0; i < binary_.size(); ++i) binary_[i] = static_cast<char>(i * 7);
-    ASSERT_EQ(Complete(s, "orders", "k2", t2, Outcome::kFailure, binary_, k50Years),
+    ASSERT_EQ(Complete(s, "orders", "k2", t2, Outcome::kFailure, binary_, kFiveYears),
               WriteAnswer::kApplied);
     Acquire(s, "orders", "k3", std::nullopt);
     clock_.Advance(1s);
@@ -321,7 +325,7 @@ class LogStoreCliTest : public CliTest {
 
   Token Acquire(Store& s, std::string_view scope, std::string_view key,
                 std::optional<Fingerprint> f) {
-    auto a = s.Begin({.scope = scope, .key = key, .fingerprint = f, .lease = k50Years});
+    auto a = s.Begin({.scope = scope, .key = key, .fingerprint = f, .lease = kFiveYears});
     EXPECT_TRUE(a.has_value());
     if (!a.has_value()) return 0;
     const auto* acquired = std::get_if<Acquired>(&*a);
@@ -423,8 +427,8 @@ TEST_F(LogStoreCliTest, ListFiltersByStateScopeAgeAndLimit) {
   // Oldest first: k3 was created a second before u1.
   EXPECT_LT(r.out.find("key=k3"), r.out.find("key=u1"));
 
-  // Nothing was created more than 99 years ago.
-  r = RunIdem({"list", url_, "--older-than", "36135d"});
+  // Nothing was created more than 10 years ago; sums are durations too.
+  r = RunIdem({"list", url_, "--older-than", "3659d23h30m"});
   EXPECT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, IsEmpty());
 
@@ -550,8 +554,9 @@ TEST_F(LogStoreCliTest, VerifyNamesBatchesLostBeforeASync) {
     for (int i = 0; i < 12; ++i) {
       const std::string key = "k" + std::to_string(i);
       const Token t = Acquire(**store, "s", key, std::nullopt);
-      ASSERT_EQ(Complete(**store, "s", key, t, Outcome::kSuccess, std::string(3000, 'r'), k50Years),
-                WriteAnswer::kApplied);
+      ASSERT_EQ(
+          Complete(**store, "s", key, t, Outcome::kSuccess, std::string(3000, 'r'), kFiveYears),
+          WriteAnswer::kApplied);
       std::this_thread::sleep_for(5ms);  // its own batch: the flusher writes within 200 us
     }
   }
@@ -577,7 +582,7 @@ TEST_F(LogStoreCliTest, VerifyNamesBatchesLostBeforeASync) {
   o.warn = [](std::string_view) {};
   auto reopened = OpenLogStore(o);
   ASSERT_TRUE(reopened.has_value()) << reopened.error().ToString();
-  auto first = (*reopened)->Begin({.scope = "s", .key = "k0", .lease = k50Years});
+  auto first = (*reopened)->Begin({.scope = "s", .key = "k0", .lease = kFiveYears});
   ASSERT_TRUE(first.has_value());
   EXPECT_TRUE(std::holds_alternative<Replay>(*first));
 }
@@ -636,6 +641,69 @@ TEST_F(LogStoreCliTest, VerifyFindsDamageAndRepairDropsIt) {
   r = RunIdem({"get", url_, "orders", "k2"});
   EXPECT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, HasSubstr("response     100 bytes\n"));
+}
+
+// Verify goes on past each damaged place, as repair does (the same scan finds them), so it lists
+// every place repair drops, not only the first one (where the open stops).
+TEST_F(LogStoreCliTest, VerifyListsEveryDamagedPlaceRepairDrops) {
+  const std::string dir = (dir_ / "three").string();
+  {
+    LogStoreOptions o;
+    o.dir = dir;
+    o.clock = &clock_;
+    auto store = OpenLogStore(o);
+    ASSERT_TRUE(store.has_value()) << store.error().ToString();
+    for (int i = 0; i < 30; ++i) {
+      const std::string key = "k" + std::to_string(i);
+      const Token t = Acquire(**store, "s", key, std::nullopt);
+      ASSERT_EQ(Complete(**store, "s", key, t, Outcome::kSuccess, "r", kFiveYears),
+                WriteAnswer::kApplied);
+    }
+  }
+  const std::string segment = dir + "/" + log::LogFileName(1, /*snapshot=*/false);
+  std::string data;
+  {
+    std::ifstream in(segment, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::vector<std::size_t> batches;
+  for (std::size_t pos = log::kFileHeaderSize; pos + log::kBatchHeaderSize <= data.size();) {
+    batches.push_back(pos);
+    std::uint32_t bytes;
+    std::memcpy(&bytes, data.data() + pos + 20, 4);
+    pos += log::kBatchHeaderSize + bytes;
+  }
+  ASSERT_GE(batches.size(), 50u);
+  data[batches[5] + 10] ^= 0x01;                                                  // a header
+  data[batches[20] + log::kBatchHeaderSize + log::kFrameHeaderSize + 3] ^= 0x01;  // a payload
+  data[batches[40] + 17] ^= 0x01;                                                 // a header
+  std::ofstream(segment, std::ios::binary | std::ios::trunc) << data;
+
+  ProcessRun r = RunIdem({"store", "verify", dir});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("damaged in 3 place(s)"));
+  std::vector<std::string> ranges;  // "[a, b)" of each place, as verify says repair drops them
+  for (std::size_t at = 0; (at = r.out.find("repair drops bytes ", at)) != std::string::npos;) {
+    at += std::string("repair drops bytes ").size();
+    ranges.push_back(r.out.substr(at, r.out.find(')', at) + 1 - at));
+  }
+  ASSERT_EQ(ranges.size(), 3u) << r;
+  for (const std::size_t b : {5, 20, 40}) {
+    EXPECT_THAT(r.out,
+                HasSubstr("damage     " + segment + " offset " + std::to_string(batches[b])));
+  }
+
+  r = RunIdem({"store", "repair", dir});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  std::size_t dropped = 0;
+  for (std::size_t at = 0; (at = r.out.find("dropped        ", at)) != std::string::npos; ++at) {
+    ++dropped;
+  }
+  EXPECT_EQ(dropped, 3u) << r;
+  for (const std::string& range : ranges)
+    EXPECT_THAT(r.out, HasSubstr(segment + " bytes " + range));
+  r = RunIdem({"store", "verify", dir});
+  EXPECT_EQ(r.exit_code, 0) << r;
 }
 
 // A directory with no log files is no store (say, a mistyped path): verify and repair fail

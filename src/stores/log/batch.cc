@@ -1,6 +1,8 @@
 #include "stores/log/batch.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "stores/log/crc32c.h"
@@ -239,23 +241,47 @@ std::string FileHeader(std::uint64_t salt) {
 }
 
 Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view path) {
-  const std::string bad = std::string(path) + " offset 0: not an idem log file (bad header)";
-  // Version 1's header: magic, version, crc32c of those 12 bytes (16 bytes).
-  if (data.size() < 16 || std::memcmp(data.data(), kMagic, 8) != 0) return DataLossError(bad);
-  const std::uint32_t version = Get32(data.data() + 8);
-  const bool v1 = version == 1 && Get32(data.data() + 12) == Crc32c(0, data.data(), 12);
-  if (v1 || version > kFormatVersion) {
+  const bool magic = data.size() >= 8 && std::memcmp(data.data(), kMagic, 8) == 0;
+  // The checksum is checked before the version is believed: a header whose checksum fails is
+  // damage (a flipped bit in the version field is not another version), and one whose checksum
+  // holds says exactly what wrote it, whatever version that is.
+  if (magic && data.size() >= kFileHeaderSize &&
+      Get32(data.data() + 20) == Crc32c(0, data.data(), 20)) {
+    const std::uint32_t version = Get32(data.data() + 8);
+    if (version < kOldestReadableVersion || version > kFormatVersion) {
+      return FailedPreconditionError(
+          std::string(path) + ": log format version " + std::to_string(version) +
+          ", this build reads versions " + std::to_string(kOldestReadableVersion) + " to " +
+          std::to_string(kFormatVersion) +
+          (version == 1 ? " only (version 1, unreleased, had no salt: start a new store)" : ""));
+    }
+    return Get64(data.data() + kSaltOffset);
+  }
+  // Version 1's 16-byte header: magic, version, crc32c of those 12 bytes.
+  if (magic && data.size() >= 16 && Get32(data.data() + 8) == 1 &&
+      Get32(data.data() + 12) == Crc32c(0, data.data(), 12)) {
     return FailedPreconditionError(
-        std::string(path) + ": log format version " + std::to_string(version) +
-        ", this build reads versions " + std::to_string(kOldestReadableVersion) + " to " +
-        std::to_string(kFormatVersion) +
-        (v1 ? " only (version 1, unreleased, had no salt: start a new store)" : ""));
+        std::string(path) + ": log format version 1, this build reads versions " +
+        std::to_string(kOldestReadableVersion) + " to " + std::to_string(kFormatVersion) +
+        " only (version 1, unreleased, had no salt: start a new store)");
   }
-  if (version < kOldestReadableVersion || data.size() < kFileHeaderSize ||
-      Get32(data.data() + 20) != Crc32c(0, data.data(), 20)) {
-    return DataLossError(bad);
+  std::string why = data.size() < kFileHeaderSize
+                        ? std::to_string(data.size()) + " bytes, shorter than a header"
+                    : magic ? "its checksum fails"
+                            : "no IDEMLOG magic: damaged, or not an idem log file";
+  return DataLossError(std::string(path) + " offset 0: bad header (" + why + ")");
+}
+
+std::optional<std::uint64_t> SaltOfDamagedHeader(std::string_view data) {
+  if (data.size() < kFileHeaderSize + kBatchHeaderSize) return std::nullopt;
+  const std::uint64_t salt = Get64(data.data() + kSaltOffset);
+  BatchHeader h;
+  std::string why;
+  if (!ReadHeader(data, salt, kFileHeaderSize, &h) ||
+      !BatchIntact(data, salt, kFileHeaderSize, h, &why)) {
+    return std::nullopt;
   }
-  return Get64(data.data() + kSaltOffset);
+  return salt;
 }
 
 std::uint32_t FileVersion(std::string_view data) { return Get32(data.data() + 8); }
@@ -386,6 +412,8 @@ Result<ScanResult> ScanLog(std::string_view f, std::uint64_t salt, std::uint64_t
   return r;
 }
 
+namespace {
+
 // Where the frames after a damaged frame at `at` (before `end`, its batch's end) start, or
 // npos. Its checksum failed, but if its length field is plausible and the frame that length
 // points to checks out (or the batch ends there, before a batch header or the end of the file),
@@ -406,42 +434,93 @@ std::size_t PastDamagedFrame(std::string_view f, std::uint64_t salt, std::size_t
   return end == f.size() || ReadHeader(f, salt, end, &h) ? next : kNone;
 }
 
+// The true length of the damaged frame at `at` (before `end`, its batch's end) when its length
+// field is all that is damaged: the length at which its checksum holds and after which the
+// batch goes on (a frame that checks out, or the batch's end). The checksum does not cover the
+// length, so it is extended a byte at a time over the candidate lengths: one pass over at most
+// one frame's bytes. A wrong length passes both checks with probability about 2^-64.
+std::optional<std::size_t> TrueLength(std::string_view f, std::uint64_t salt, std::size_t at,
+                                      std::size_t end) {
+  if (end - at < kFrameHeaderSize) return std::nullopt;
+  const std::uint32_t want = Get32(f.data() + at);
+  const std::size_t limit = std::min<std::size_t>(end, at + kFrameHeaderSize + kMaxFrameBytes);
+  std::uint32_t crc = Crc32c(ChecksumSeed(salt), f.data() + at + 8, 1);  // the type
+  for (std::size_t q = at + kFrameHeaderSize;; ++q) {
+    if (crc == want) {
+      Frame fr;
+      std::size_t next;
+      if (q == end || ReadFrame(f, salt, q, end, &fr, &next)) return q - at - kFrameHeaderSize;
+    }
+    if (q == limit) return std::nullopt;
+    crc = Crc32c(crc, f.data() + q, 1);
+  }
+}
+
+}  // namespace
+
 Result<SalvageResult> SalvageLog(std::string_view f, std::uint64_t salt, const FrameSink& sink) {
+  constexpr std::size_t kNone = std::string_view::npos;
   SalvageResult r;
   std::size_t pos = kFileHeaderSize;
-  std::size_t drop_from = std::string_view::npos;
+  // The damaged range being skipped: from `drop_from`, in the batch at `drop_batch`.
+  std::size_t drop_from = kNone, drop_batch = kNone;
+  std::string drop_what;
+  auto drop = [&](std::size_t batch, std::size_t from, std::string what) {
+    if (drop_from != kNone) return;
+    drop_batch = batch;
+    drop_from = from;
+    drop_what = std::move(what);
+  };
   auto drop_until = [&](std::size_t end) {
-    if (drop_from != std::string_view::npos && end > drop_from) {
-      r.dropped.emplace_back(drop_from, end);
+    if (drop_from != kNone && end > drop_from) {
+      r.damage.push_back({drop_batch, drop_from, end, std::move(drop_what)});
       r.bytes_dropped += end - drop_from;
     }
-    drop_from = std::string_view::npos;
+    drop_from = kNone;
   };
   while (pos < f.size()) {
     BatchHeader h;
     if (!ReadHeader(f, salt, pos, &h)) {
-      if (drop_from == std::string_view::npos) drop_from = pos;
+      drop(pos, pos, "bad batch header");
       ++pos;
       continue;
     }
-    std::size_t body = pos + kBatchHeaderSize;
-    std::size_t end = std::min<std::size_t>(f.size(), body + h.bytes);
-    std::size_t at = body;
-    bool intact = f.size() - body >= h.bytes;
     drop_until(pos);
-    for (std::uint32_t i = 0; i < h.count && at < end; ++i) {
+    r.last_seq = h.seq;
+    const std::size_t body = pos + kBatchHeaderSize;
+    const std::size_t end = std::min<std::size_t>(f.size(), body + h.bytes);
+    std::size_t at = body;
+    const bool fits = f.size() - body >= h.bytes;
+    bool whole = true;       // every frame checked out as written
+    bool lost_rest = !fits;  // the frames from `at` to the batch's end cannot be found
+    std::string why = "batch extends past the end of the file";
+    std::uint32_t i = 0;
+    for (; i < h.count && at < end; ++i) {
       Frame fr;
       std::size_t next;
       if (!ReadFrame(f, salt, at, end, &fr, &next)) {
-        next = PastDamagedFrame(f, salt, at, end);
-        if (next == std::string_view::npos) {
-          intact = false;
+        whole = false;
+        const std::string frame = "frame " + std::to_string(i) + " at offset " + std::to_string(at);
+        if (next = PastDamagedFrame(f, salt, at, end); next != kNone) {
+          r.damage.push_back({pos, at, next, frame + " fails its checksum"});
+          r.bytes_dropped += next - at;
+          at = next;
+          continue;
+        }
+        if (auto len = TrueLength(f, salt, at, end)) {
+          // Nothing dropped: the frame is read as written, at its true length.
+          r.damage.push_back({pos, at, at,
+                              frame + ": its length field is damaged; the frame checks out at " +
+                                  "its true length " + std::to_string(*len) + " and is kept"});
+          fr = Frame{static_cast<std::uint8_t>(f[at + 8]), f.substr(at + kFrameHeaderSize, *len),
+                     at};
+          next = at + kFrameHeaderSize + *len;
+        } else {
+          lost_rest = true;
+          why = frame + " fails its checksum and its length cannot be trusted, so the batch's " +
+                "later frames cannot be found";
           break;
         }
-        drop_from = at;
-        drop_until(next);
-        at = next;
-        continue;
       }
       if (fr.type != kSyncMarkFrame) {
         IDEM_RETURN_IF_ERROR(sink(fr));
@@ -449,13 +528,21 @@ Result<SalvageResult> SalvageLog(std::string_view f, std::uint64_t salt, const F
       }
       at = next;
     }
-    if (intact && at == end) {
-      pos = end;
-    } else {
-      drop_from = at;
-      pos = at + 1;
+    if (!lost_rest && at != end) {
+      lost_rest = true;
+      why = "batch length does not match its frames";
     }
+    if (lost_rest) {
+      drop(pos, at, std::move(why));
+      pos = at + 1;
+      continue;
+    }
+    if (whole && i == h.count) ++r.batches;
+    pos = end;
   }
+  // Nothing intact after it (a batch header that reads would have ended the range): a crash's
+  // torn last batch when it looks like one.
+  r.torn_tail = drop_from != kNone && LooksTorn(f, salt, drop_batch);
   drop_until(f.size());
   return r;
 }

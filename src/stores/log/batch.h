@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/status.h"
 
@@ -62,10 +63,15 @@ inline std::uint32_t ChecksumSeed(std::uint64_t salt) {
 }
 
 std::string FileHeader(std::uint64_t salt);
-// The salt of the file that starts with `data`. kDataLoss when the bytes are not an idem log
-// header; kFailedPrecondition for another format version. `path` names the file in the
-// message.
+// The salt of the file that starts with `data`. kFailedPrecondition for a header whose checksum
+// holds and that names another format version (version 1's 16-byte header too); kDataLoss for
+// any other header, a damaged one included (the checksum is checked before the version is
+// believed). `path` names the file in the message.
 Result<std::uint64_t> ReadFileHeader(std::string_view data, std::string_view path);
+// The salt field of a file whose header ReadFileHeader refused as damaged, when the batch after
+// the header is intact under it (so the field is the salt the file was written with); nullopt
+// otherwise. For repair, when no file of the store has a good header.
+std::optional<std::uint64_t> SaltOfDamagedHeader(std::string_view data);
 // The format version of a file whose header ReadFileHeader accepted.
 std::uint32_t FileVersion(std::string_view data);
 // ReadFileHeader, and kDataLoss when the file's salt is not `salt` (the store's): a file of
@@ -145,15 +151,31 @@ Result<ScanResult> ScanLog(std::string_view file, std::uint64_t salt, std::uint6
                            const FrameSink& sink);
 
 struct SalvageResult {
+  // One damaged place: the bytes [begin, end) are dropped. An empty range drops nothing: a frame
+  // whose length field alone is damaged is kept at its true length.
+  struct Damage {
+    std::uint64_t batch = 0;  // where the damaged batch starts (`begin` when not in a batch)
+    std::uint64_t begin = 0;
+    std::uint64_t end = 0;
+    std::string what;
+  };
   std::uint64_t frames_kept = 0;
+  std::uint64_t batches = 0;   // batches whose every frame checked out as written
+  std::uint64_t last_seq = 0;  // of the last batch whose header reads (0: none)
   std::uint64_t bytes_dropped = 0;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> dropped;  // [begin, end) ranges
+  std::vector<Damage> damage;  // in file order
+  // The last damaged range runs to the end of the file and is what a crash leaves of a last
+  // batch (as ScanLog's kTornTail): not damage in a store's newest segment.
+  bool torn_tail = false;
 };
 
-// For repair: gives `sink` every frame whose checksum holds with `salt` anywhere after the header,
-// skipping damage. Inside a damaged batch it keeps the frames before the damage, and goes on
-// past a frame whose payload is damaged when its length leads to a frame that checks out;
-// otherwise it resynchronises on the next batch header. Reports the byte ranges it dropped.
+// For repair and verify: gives `sink` every frame whose checksum holds with `salt` anywhere after
+// the header, skipping damage, and lists every damaged place. Inside a damaged batch it keeps
+// the frames before the damage; past a frame whose checksum fails it goes on where the frame's
+// length leads when a frame that checks out is there (the damage was in its payload), or, when
+// its length field alone is damaged, keeps it at the length where its checksum holds.
+// Otherwise the batch's later frames cannot be found (frames carry no marker to resynchronise
+// on): they are dropped up to the next batch header that reads.
 Result<SalvageResult> SalvageLog(std::string_view file, std::uint64_t salt, const FrameSink& sink);
 
 }  // namespace idem::log

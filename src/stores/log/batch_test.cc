@@ -16,7 +16,9 @@
 namespace idem::log {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(Crc32c, KnownVectors) {
   // RFC 3720 B.4 test vectors.
@@ -108,6 +110,50 @@ TEST(Batch, AVersion1HeaderIsRefusedByVersion) {
   EXPECT_THAT(s.error().message(),
               ::testing::AllOf(HasSubstr("/data/000001.log"), HasSubstr("version 1"),
                                HasSubstr("versions 2 to 3")));
+}
+
+// The header's checksum is checked before its version is believed: a flipped bit in the version
+// field is damage, and a header whose checksum holds names its version, whatever it is.
+TEST(Batch, AHeaderIsCheckedBeforeItsVersionIsBelieved) {
+  for (const int byte : {8, 9, 10, 11}) {
+    std::string h = FileHeader(kSalt);
+    h[byte] ^= 0x01;
+    auto s = ReadFileHeader(h, "/data/000002.log");
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.error().code(), StatusCode::kDataLoss) << byte;
+    EXPECT_THAT(s.error().message(),
+                AllOf(HasSubstr("/data/000002.log offset 0: bad header (its checksum fails)"),
+                      Not(HasSubstr("version"))));
+  }
+  for (const std::uint32_t version : {0u, 1u, 4u, 259u}) {
+    std::string h = FileHeader(kSalt);
+    std::memcpy(h.data() + 8, &version, 4);
+    const std::uint32_t crc = Crc32c(0, h.data(), 20);
+    std::memcpy(h.data() + 20, &crc, 4);
+    auto s = ReadFileHeader(h, "/data/000002.log");
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.error().code(), StatusCode::kFailedPrecondition) << version;
+    EXPECT_THAT(s.error().message(), AllOf(HasSubstr("/data/000002.log"),
+                                           HasSubstr("version " + std::to_string(version)),
+                                           HasSubstr("versions 2 to 3")));
+  }
+  // A damaged magic byte is damage too.
+  std::string h = FileHeader(kSalt);
+  h[3] ^= 0x20;
+  auto s = ReadFileHeader(h, "f");
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code(), StatusCode::kDataLoss);
+}
+
+// A damaged header's salt field is the file's salt when the batch after the header checks out
+// under it; repair uses it when no file has a good header.
+TEST(Batch, TheSaltOfADamagedHeaderIsTakenOnlyWhenItsBatchesCheckOut) {
+  std::string file = MakeFile(2);
+  file[3] ^= 0x20;
+  EXPECT_EQ(SaltOfDamagedHeader(file), kSalt);
+  file[kSaltOffset] ^= 0x01;
+  EXPECT_EQ(SaltOfDamagedHeader(file), std::nullopt);
+  EXPECT_EQ(SaltOfDamagedHeader(FileHeader(kSalt)), std::nullopt);  // no batch to check
 }
 
 TEST(Batch, AFileWithAnotherSaltIsDamageNamingTheFile) {
@@ -256,9 +302,12 @@ TEST(Batch, SalvageKeepsEveryIntactFrame) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->frames_kept, 21u - 1u);
   EXPECT_EQ(r->bytes_dropped, frame_end - frame_at);
-  ASSERT_EQ(r->dropped.size(), 1u);
-  EXPECT_EQ(r->dropped[0].first, frame_at);
-  EXPECT_EQ(r->dropped[0].second, frame_end);
+  ASSERT_EQ(r->damage.size(), 1u);
+  EXPECT_EQ(r->damage[0].batch, offsets[4]);
+  EXPECT_EQ(r->damage[0].begin, frame_at);
+  EXPECT_EQ(r->damage[0].end, frame_end);
+  EXPECT_THAT(r->damage[0].what, HasSubstr("frame 2 at offset " + std::to_string(frame_at)));
+  EXPECT_FALSE(r->torn_tail);
   EXPECT_THAT(kept, ::testing::Contains("b4f1"));
   EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f2")));
   EXPECT_THAT(kept, ::testing::Contains("b4f3"));
@@ -274,17 +323,37 @@ TEST(Batch, SalvageKeepsEveryIntactFrame) {
   EXPECT_EQ(r->frames_kept, 21u - 1u);
   EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f4")));
   EXPECT_THAT(kept, ::testing::Contains("b5f0"));
-  // Its length damaged: nothing in the batch after it can be found by length, so the rest of
-  // the batch is dropped up to the next batch header.
+  // Its length damaged, nothing else: the frame checks out at its true length, so it and the
+  // rest of the batch are kept, and the place is listed with nothing dropped.
+  for (const std::uint32_t flip : {0x40u, 0x01u, 0x80000000u}) {
+    damaged = file;
+    std::uint32_t bad_len = len ^ flip;
+    std::memcpy(damaged.data() + frame_at + 4, &bad_len, 4);
+    kept.clear();
+    r = salvage(damaged, &kept);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->frames_kept, 21u) << flip;
+    EXPECT_EQ(r->bytes_dropped, 0u);
+    ASSERT_EQ(r->damage.size(), 1u);
+    EXPECT_EQ(r->damage[0].begin, frame_at);
+    EXPECT_EQ(r->damage[0].end, frame_at);
+    EXPECT_THAT(r->damage[0].what, HasSubstr("length field is damaged"));
+    EXPECT_THAT(kept, ::testing::Contains("b4f2"));
+    EXPECT_THAT(kept, ::testing::Contains("b4f3"));
+  }
+  // Its length and its payload damaged: nothing in the batch after it can be found, so the rest
+  // of the batch is dropped up to the next batch header.
   damaged = file;
   damaged[frame_at + 4] ^= 0x40;
+  damaged[frame_at + kFrameHeaderSize + 1] ^= 0x40;
   kept.clear();
   r = salvage(damaged, &kept);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->frames_kept, 21u - 3u);
-  ASSERT_EQ(r->dropped.size(), 1u);
-  EXPECT_EQ(r->dropped[0].first, frame_at);
-  EXPECT_EQ(r->dropped[0].second, offsets[5]);
+  ASSERT_EQ(r->damage.size(), 1u);
+  EXPECT_EQ(r->damage[0].begin, frame_at);
+  EXPECT_EQ(r->damage[0].end, offsets[5]);
+  EXPECT_THAT(r->damage[0].what, HasSubstr("its length cannot be trusted"));
   EXPECT_THAT(kept, ::testing::Contains("b4f1"));
   EXPECT_THAT(kept, ::testing::Not(::testing::Contains("b4f3")));
   EXPECT_THAT(kept, ::testing::Contains("b5f5"));

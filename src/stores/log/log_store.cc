@@ -431,7 +431,11 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
     return std::uint64_t{0};
   }
   // The first file replayed gives the store's salt; every later one must have it too.
-  IDEM_RETURN_IF_ERROR(AdoptOrCheckFileHeader(data, path, salt_));
+  if (Status h = AdoptOrCheckFileHeader(data, path, salt_); !h.ok()) {
+    if (h.code() != StatusCode::kDataLoss) return h;  // another format version
+    return DataLossError(h.message() + ". Run `idem store verify " + options_.dir +
+                         "`, then `idem store repair " + options_.dir + "`");
+  }
   *version = FileVersion(data);
   Entry e;
   PipelinedReplay apply(*engine_);

@@ -53,6 +53,24 @@ Status Locked(FileSystem& fs, const std::string& dir, std::unique_ptr<DirLock>* 
   return OkStatus();
 }
 
+// The store's salt as verify and repair take it: that of the first file (in replay order) whose
+// header is good; failing that, the salt field of a damaged header under which the file's first
+// batch is intact. nullopt when no file tells it. A file of another format version is
+// kFailedPrecondition: neither verify nor repair reads on, and repair changes nothing.
+Result<std::optional<std::uint64_t>> StoreSalt(const std::vector<OpenedFile>& files,
+                                               const std::string& dir) {
+  std::optional<std::uint64_t> salt;
+  for (const OpenedFile& f : files) {
+    auto read = ReadFileHeader(f.data->Data(), dir + "/" + f.file.name);
+    if (!read && read.error().code() == StatusCode::kFailedPrecondition) return read.error();
+    if (read && !salt) salt = *read;
+  }
+  for (const OpenedFile& f : files) {
+    if (!salt) salt = SaltOfDamagedHeader(f.data->Data());
+  }
+  return salt;
+}
+
 }  // namespace
 }  // namespace log
 
@@ -93,48 +111,95 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
   std::uint64_t total = 0, done = 0;
   auto files = log::OpenReplayFiles(fs, dir, &total);
   if (!files) return files.error();
+  auto salt = log::StoreSalt(*files, dir);
+  if (!salt) return salt.error();
   LogCheckReport report;
   std::uint64_t last_seq = 0;
-  std::optional<std::uint64_t> salt;  // the store's: that of the first file with a good header
   for (std::size_t i = 0; i < files->size(); ++i) {
     const log::LogFile& f = (*files)[i].file;
     const std::string path = dir + "/" + f.name;
     std::string_view bytes = (*files)[i].data->Data();
     ++report.files;
     report.bytes += bytes.size();
-    const bool last = i + 1 == files->size();
-    if (Status h = log::AdoptOrCheckFileHeader(bytes, path, salt); !h.ok()) {
-      if (last && !f.snapshot && bytes.size() < log::kFileHeaderSize) {
-        report.torn_tail = true;
-      } else {
-        report.damage.push_back(h.message());
-      }
-      continue;
-    }
-    log::Entry e;
+    const bool newest_segment = i + 1 == files->size() && !f.snapshot;
+    // This file's damaged places, by offset.
+    std::vector<std::pair<std::uint64_t, std::string>> places;
+    auto place = [&](std::uint64_t offset, const std::string& what) {
+      places.emplace_back(offset, path + " offset " + std::to_string(offset) + ": " + what);
+    };
     std::uint64_t entries = 0;
-    auto scan = log::ScanLog(bytes, *salt, f.snapshot ? 0 : last_seq, [&](const log::Frame& fr) {
-      Status s = log::DecodeEntry(fr.type, fr.payload, &e);
-      if (!s.ok()) {
-        report.damage.push_back(path + " offset " + std::to_string(fr.offset) + ": " + s.message());
+    auto decode = [&](const log::Frame& fr) {
+      log::Entry e;
+      if (Status s = log::DecodeEntry(fr.type, fr.payload, &e); !s.ok()) {
+        place(fr.offset, s.message());
       }
       ++entries;
       if (progress && (entries & 0xFFFF) == 0) progress(done + fr.offset, total);
       return OkStatus();
-    });
-    if (!scan) return scan.error();
-    report.batches += scan->batches;
-    report.entries += scan->frames;
-    if (!f.snapshot) last_seq = scan->last_seq;
-    using End = log::ScanResult::End;
-    if (scan->end == End::kTornTail && last && !f.snapshot) {
-      report.torn_tail = true;
-      report.lost_unsynced = scan->unsynced;
-      report.unsynced_batches = scan->unsynced_batches;
-    } else if (scan->end != End::kClean) {
-      report.damage.push_back(path + " offset " + std::to_string(scan->damage_offset) + ": " +
-                              scan->detail);
+    };
+    auto read = log::ReadFileHeader(bytes, path);
+    std::optional<std::pair<std::uint64_t, std::string>> first;  // where the open stops
+    if (!read) {
+      if (newest_segment && bytes.size() < log::kFileHeaderSize) {
+        report.torn_tail = true;  // created, the crash came before its header was whole
+        continue;
+      }
+      report.damage.push_back(read.error().message());
+      if (!*salt || bytes.size() < log::kFileHeaderSize) {
+        if (!f.snapshot) last_seq = 0;  // unknown: the next file's first seq is not checked
+        continue;
+      }
+    } else if (*read != **salt) {
+      report.damage.push_back(log::CheckFileHeader(bytes, path, **salt).message());
+      if (!f.snapshot) last_seq = 0;
+      continue;
+    } else {
+      // As the open reads it.
+      auto scan = log::ScanLog(bytes, **salt, f.snapshot ? 0 : last_seq, decode);
+      if (!scan) return scan.error();
+      using End = log::ScanResult::End;
+      if (scan->end == End::kClean || (scan->end == End::kTornTail && newest_segment)) {
+        report.batches += scan->batches;
+        report.entries += scan->frames;
+        if (!f.snapshot) last_seq = scan->last_seq;
+        if (scan->end == End::kTornTail) {
+          report.torn_tail = true;
+          report.lost_unsynced = scan->unsynced;
+          report.unsynced_batches = scan->unsynced_batches;
+        }
+        for (auto& [offset, line] : places) report.damage.push_back(std::move(line));
+        done += bytes.size();
+        if (progress) progress(done, total);
+        continue;
+      }
+      first.emplace(scan->damage_offset, scan->detail);
     }
+    // Damaged: every place, found by the scan repair makes, which goes on past each one (so
+    // the two cannot disagree); the open stops at the first.
+    places.clear();
+    entries = 0;
+    auto salvage = log::SalvageLog(bytes, **salt, decode);
+    if (!salvage) return salvage.error();
+    report.batches += salvage->batches;
+    report.entries += salvage->frames_kept;
+    if (!f.snapshot) last_seq = salvage->last_seq;
+    for (std::size_t k = 0; k < salvage->damage.size(); ++k) {
+      const log::SalvageResult::Damage& d = salvage->damage[k];
+      if (newest_segment && salvage->torn_tail && k + 1 == salvage->damage.size()) {
+        report.torn_tail = true;  // what the open would cut, were the file not damaged before it
+        break;
+      }
+      if (first && (d.batch == first->first || d.begin == first->first)) first.reset();
+      place(d.batch,
+            d.what + (d.begin == d.end ? ""
+                                       : " (repair drops bytes [" + std::to_string(d.begin) + ", " +
+                                             std::to_string(d.end) + "))"));
+    }
+    // Damage that drops nothing (an intact batch out of sequence) is listed as the open finds it.
+    if (first) place(first->first, first->second);
+    std::stable_sort(places.begin(), places.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [offset, line] : places) report.damage.push_back(std::move(line));
     done += bytes.size();
     if (progress) progress(done, total);
   }
@@ -153,15 +218,11 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   auto files = OpenReplayFiles(fs, dir, &total);
   if (!files) return files.error();
   LogRepairReport report;
-  // The repaired store keeps the salt of its first file with a good header. A file of another
-  // format version stops the repair before anything changes.
-  std::optional<std::uint64_t> salt;
-  for (const auto& opened : *files) {
-    auto read = ReadFileHeader(opened.data->Data(), dir + "/" + opened.file.name);
-    if (!read && read.error().code() == StatusCode::kFailedPrecondition) return read.error();
-    if (read && !salt) salt = *read;
-  }
-  if (!salt) salt = NewSalt();
+  // The repaired store keeps the store's salt (a new one when no file tells it). A file of
+  // another format version stops the repair before anything changes.
+  auto learnt = StoreSalt(*files, dir);
+  if (!learnt) return learnt.error();
+  const std::uint64_t salt = learnt->has_value() ? **learnt : NewSalt();
   // Every intact entry, in order, into one new snapshot above every file there is (leftover
   // segments of an interrupted compaction included): a snapshot covers every id up to its own,
   // so an open replays it alone and removes whatever older files are still there.
@@ -175,8 +236,8 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   if (fs.Exists(tmp)) IDEM_RETURN_IF_ERROR(fs.Remove(tmp));
   auto out = fs.Append(tmp);
   if (!out) return out.error();
-  IDEM_RETURN_IF_ERROR((*out)->Append(FileHeader(*salt)));
-  BatchBuilder batch(*salt);
+  IDEM_RETURN_IF_ERROR((*out)->Append(FileHeader(salt)));
+  BatchBuilder batch(salt);
   std::uint64_t seq = 0;
   Status write_error;
   auto flush = [&] {
@@ -187,14 +248,27 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   for (const auto& opened : *files) {
     const std::string path = dir + "/" + opened.file.name;
     std::string_view bytes = opened.data->Data();
-    if (auto read = ReadFileHeader(bytes, path); !read || *read != *salt) {
+    auto whole_file = [&](const std::string& why) {
       report.bytes_dropped += bytes.size();
-      report.dropped.push_back(path + " bytes [0, " + std::to_string(bytes.size()) +
-                               (read ? ") (the salt of another store)" : ") (bad header)"));
+      report.dropped.push_back(path + " bytes [0, " + std::to_string(bytes.size()) + ") (" + why +
+                               ")");
+    };
+    if (auto read = ReadFileHeader(bytes, path); read && *read != salt) {
+      whole_file("the salt of another store");
       continue;
+    } else if (!read) {
+      // Its batches can still be read when the store's salt is known: they check out under it
+      // or not at all.
+      if (!learnt->has_value() || bytes.size() < kFileHeaderSize) {
+        whole_file("bad header");
+        continue;
+      }
+      report.bytes_dropped += kFileHeaderSize;
+      report.dropped.push_back(path + " bytes [0, " + std::to_string(kFileHeaderSize) +
+                               ") (bad header; its batches are read with the store's salt)");
     }
     Entry e;
-    auto salvage = SalvageLog(bytes, *salt, [&](const Frame& fr) {
+    auto salvage = SalvageLog(bytes, salt, [&](const Frame& fr) {
       if (!DecodeEntry(fr.type, fr.payload, &e).ok()) {
         report.bytes_dropped += fr.payload.size() + kFrameHeaderSize;
         report.dropped.push_back(path + " bytes [" + std::to_string(fr.offset) + ", " +
@@ -209,10 +283,15 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
       return OkStatus();
     });
     if (!salvage) return salvage.error();
-    for (const auto& [a, b] : salvage->dropped) {
-      report.bytes_dropped += b - a;
-      report.dropped.push_back(path + " bytes [" + std::to_string(a) + ", " + std::to_string(b) +
-                               ")");
+    for (const SalvageResult::Damage& d : salvage->damage) {
+      report.bytes_dropped += d.end - d.begin;
+      if (d.begin == d.end) {
+        report.dropped.push_back(path + " offset " + std::to_string(d.begin) + ": " + d.what +
+                                 " (nothing dropped)");
+      } else {
+        report.dropped.push_back(path + " bytes [" + std::to_string(d.begin) + ", " +
+                                 std::to_string(d.end) + ") (" + d.what + ")");
+      }
     }
     done += bytes.size();
     if (progress) progress(done, total);
