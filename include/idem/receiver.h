@@ -11,11 +11,12 @@
 // Answers (Delivered::delivery): kExecuted (the handler ran here), kReplayed (stored outcome),
 // kCoalesced (a concurrent duplicate in this process waited for the first execution and got its
 // outcome), kBusy (another worker holds the key: retry later), kConflict (key reused for a
-// different payload). A non-ok Result means "could not decide" and nothing may be acknowledged
-// to the transport: kInvalidArgument (bad key, bad JSON), kUnavailable (the store failed; the
-// handler did not run — or it ran and its outcome could not be stored, and a later delivery
-// will run it again after the lease with attempt+1), kAborted (the handler ran but its lease
-// was lost to a newer worker, which owns the outcome).
+// different payload), kStale (a versioned message at or below its entity's applied version:
+// drop it; see Message::entity). A non-ok Result means "could not decide" and nothing may be
+// acknowledged to the transport: kInvalidArgument (bad key, bad JSON), kUnavailable (the store
+// failed; the handler did not run — or it ran and its outcome could not be stored, and a later
+// delivery will run it again after the lease with attempt+1), kAborted (the handler ran but its
+// lease was lost to a newer worker, which owns the outcome).
 //
 // Thread-safe. The store, clock and metrics must outlive the receiver.
 #ifndef IDEM_RECEIVER_H_
@@ -74,6 +75,14 @@ struct Message {
   std::string_view key{};  // when non-empty, the key; else taken per ReceiverOptions::key_source
   std::string_view payload{};
   std::span<const Header> headers{};
+  // A message that names an entity and a version (SPEC §5) is gated by the entity's versions
+  // instead of a key: it runs only if its version is above the highest applied one (else
+  // kStale, counted), one version of an entity at a time (else Busy, per busy_policy;
+  // kCoalesce waits as kWait). Success, or a failure under kRemember, applies the version; a
+  // failure under kRelease lets a redelivery run again. Entities have no lease extension: the
+  // handler must end within `lease`, or another worker may take the version over.
+  std::string_view entity{};
+  std::uint64_t version = 0;  // above 0 when entity is given
 };
 
 struct ReceiverOptions {
@@ -168,10 +177,22 @@ class Receiver {
   struct Flights;
   Result<Delivered> Run(std::string key, const std::optional<Fingerprint>& fp,
                         const Message& message, const Handler& handler);
+  Result<Delivered> RunVersioned(const Message& message, const Handler& handler);
+  // begin(), and while it answers Busy under a waiting policy, again with backoff until
+  // busy_wait has passed.
+  Result<BeginAnswer> BeginWaiting(const std::function<Result<BeginAnswer>()>& begin);
   Result<Delivered> Execute(std::string key, const Acquired& acquired, const Message& message,
                             const Handler& handler);
-  Result<Delivered> WaitForOutcome(std::string key, const std::optional<Fingerprint>& fp,
-                                   const Message& message, const Handler& handler);
+  // Runs the handler (holding its lease in `keeper` when not null), timed.
+  HandlerResult Invoke(std::string_view key, const Acquired& acquired, const Message& message,
+                       const Handler& handler, core::LeaseKeeper* keeper);
+  // Stores a handler's result through `release` or `complete` (per the failure policy),
+  // counted; the answer, or why it could not be given.
+  using Release = std::function<Result<WriteAnswer>(const HandlerResult&)>;
+  using Complete =
+      std::function<Result<WriteAnswer>(const HandlerResult&, std::chrono::milliseconds)>;
+  Result<Delivered> Finish(std::string_view key, std::uint32_t attempt, HandlerResult result,
+                           const Release& release, const Complete& complete);
   Result<BeginAnswer> TimedBegin(const BeginRequest& req);
   Result<std::optional<Fingerprint>> FingerprintOf(const Message& message) const;
 

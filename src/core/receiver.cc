@@ -90,16 +90,28 @@ Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::str
   return InternalError("unknown fingerprint mode");
 }
 
-Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics,
-                               bool polls_on_busy) {
+namespace {
+template <class Begin>
+Result<BeginAnswer> Timed(Metrics* metrics, bool polls_on_busy, const Begin& begin) {
   Stopwatch sw;
-  auto answer = store.Begin(req);
+  auto answer = begin();
   if (metrics == nullptr) return answer;
   metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
   if (!polls_on_busy || !answer || !std::holds_alternative<Busy>(*answer)) {
     CountBegin(*metrics, answer);
   }
   return answer;
+}
+}  // namespace
+
+Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics,
+                               bool polls_on_busy) {
+  return Timed(metrics, polls_on_busy, [&] { return store.Begin(req); });
+}
+
+Result<BeginAnswer> TimedBegin(Store& store, const VersionedBeginRequest& req, Metrics* metrics,
+                               bool polls_on_busy) {
+  return Timed(metrics, polls_on_busy, [&] { return store.BeginVersioned(req); });
 }
 
 void CountBusy(Metrics* metrics) {
@@ -273,6 +285,7 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
 
 Result<Delivered> Receiver::Receive(const Message& message, const Handler& handler) {
   if (!options_status_.ok()) return options_status_;
+  if (!message.entity.empty() || message.version != 0) return RunVersioned(message, handler);
   auto fp = FingerprintOf(message);
   if (!fp) return fp.error();
   auto key = KeyOf(message);
@@ -348,78 +361,120 @@ Result<BeginAnswer> Receiver::TimedBegin(const BeginRequest& req) {
                           options_.busy_policy != BusyPolicy::kReject);
 }
 
-Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint>& fp,
-                                const Message& message, const Handler& handler) {
-  auto answer = TimedBegin({options_.scope, key, fp, options_.lease});
-  if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
-  if (auto* a = std::get_if<Acquired>(&*answer))
-    return Execute(std::move(key), *a, message, handler);
-  if (std::holds_alternative<Busy>(*answer)) {
-    if (options_.busy_policy == BusyPolicy::kReject) {
-      return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
-    }
-    return WaitForOutcome(std::move(key), fp, message, handler);
-  }
-  return Settled(std::move(key), *answer);
-}
-
-Result<Delivered> Receiver::WaitForOutcome(std::string key, const std::optional<Fingerprint>& fp,
-                                           const Message& message, const Handler& handler) {
+Result<BeginAnswer> Receiver::BeginWaiting(const std::function<Result<BeginAnswer>()>& begin) {
+  auto answer = begin();
+  if (options_.busy_policy == BusyPolicy::kReject) return answer;
   const Timestamp deadline = clock_.Now() + options_.busy_wait;
   std::chrono::milliseconds backoff{1};
   constexpr std::chrono::milliseconds kMaxBackoff{50};
-  for (;;) {
-    Timestamp now = clock_.Now();
+  while (answer && std::holds_alternative<Busy>(*answer)) {
+    const Timestamp now = clock_.Now();
     if (now >= deadline) {
-      core::CountBusy(options_.metrics);
-      return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
+      core::CountBusy(options_.metrics);  // the answer this delivery ends with
+      break;
     }
     clock_.SleepFor(
         std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
     backoff = std::min(backoff * 2, kMaxBackoff);
-    auto answer = TimedBegin({options_.scope, key, fp, options_.lease});
-    if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
-    if (std::holds_alternative<Busy>(*answer)) continue;
-    if (auto* a = std::get_if<Acquired>(&*answer)) {
-      return Execute(std::move(key), *a, message, handler);
-    }
-    return Settled(std::move(key), *answer);
+    answer = begin();
   }
+  return answer;
 }
 
-Result<Delivered> Receiver::Execute(std::string key, const Acquired& acquired,
-                                    const Message& message, const Handler& handler) {
+Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint>& fp,
+                                const Message& message, const Handler& handler) {
+  const BeginRequest req{options_.scope, key, fp, options_.lease};
+  auto answer = BeginWaiting([&] { return TimedBegin(req); });
+  if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
+  if (auto* a = std::get_if<Acquired>(&*answer)) {
+    return Execute(std::move(key), *a, message, handler);
+  }
+  if (std::holds_alternative<Busy>(*answer)) {
+    return Delivered{.delivery = Delivery::kBusy, .key = std::move(key)};
+  }
+  return Settled(std::move(key), *answer);
+}
+
+Result<Delivered> Receiver::RunVersioned(const Message& message, const Handler& handler) {
+  if (message.entity.empty() || message.version == 0) {
+    return InvalidArgumentError("a versioned message names an entity and a version above 0");
+  }
+  const VersionedBeginRequest req{options_.scope, message.entity, message.version, options_.lease};
+  auto answer = BeginWaiting([&] {
+    return core::TimedBegin(store_, req, options_.metrics,
+                            options_.busy_policy != BusyPolicy::kReject);
+  });
+  std::string entity(message.entity);
+  if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
+  const auto* acquired = std::get_if<Acquired>(&*answer);
+  if (acquired == nullptr) {
+    return Delivered{
+        .delivery = std::holds_alternative<Busy>(*answer) ? Delivery::kBusy : Delivery::kStale,
+        .key = std::move(entity)};
+  }
+  // Entities have no Extend: the lease is not kept, so the handler must end within it.
+  HandlerResult result = Invoke(entity, *acquired, message, handler, /*keeper=*/nullptr);
+  const Token token = acquired->token;
+  // kRemember: a failure is final here too. The version counts as applied and a redelivery of
+  // it is Stale: an entity keeps its highest applied version, not outcomes.
+  return Finish(
+      entity, acquired->attempt, std::move(result),
+      [&](const HandlerResult&) { return store_.ReleaseVersioned(options_.scope, entity, token); },
+      [&](const HandlerResult&, std::chrono::milliseconds retention) {
+        return store_.CompleteVersioned({options_.scope, entity, token, retention});
+      });
+}
+
+HandlerResult Receiver::Invoke(std::string_view key, const Acquired& acquired,
+                               const Message& message, const Handler& handler,
+                               core::LeaseKeeper* keeper) {
   HandlerContext ctx{options_.scope, key, acquired.attempt, acquired.token, message.payload};
   HandlerResult result;
   Stopwatch sw;
   try {
-    const core::LeaseHold held(keeper_.get(), store_, clock_, options_, key, acquired.token);
+    const core::LeaseHold held(keeper, store_, clock_, options_, key, acquired.token);
     result = handler(ctx);
   } catch (const std::exception& e) {
     result = {Outcome::kFailure, std::string("handler threw: ") + e.what()};
   } catch (...) {
     result = {Outcome::kFailure, "handler threw a non-standard exception"};
   }
-  Metrics* m = options_.metrics;
-  if (m != nullptr) m->handler_seconds->ObserveDuration(sw.Elapsed());
+  if (options_.metrics != nullptr) options_.metrics->handler_seconds->ObserveDuration(sw.Elapsed());
+  return result;
+}
 
+Result<Delivered> Receiver::Execute(std::string key, const Acquired& acquired,
+                                    const Message& message, const Handler& handler) {
+  HandlerResult result = Invoke(key, acquired, message, handler, keeper_.get());
+  const Token token = acquired.token;
+  return Finish(
+      key, acquired.attempt, std::move(result),
+      [&](const HandlerResult&) { return store_.Release(options_.scope, key, token); },
+      [&](const HandlerResult& r, std::chrono::milliseconds retention) {
+        return store_.Complete({options_.scope, key, token, r.outcome, r.response, retention});
+      });
+}
+
+Result<Delivered> Receiver::Finish(std::string_view key, std::uint32_t attempt,
+                                   HandlerResult result, const Release& release,
+                                   const Complete& complete) {
+  Metrics* m = options_.metrics;
   Delivered out{.delivery = Delivery::kExecuted,
-                .key = key,
+                .key = std::string(key),
                 .outcome = result.outcome,
                 .response = {},
-                .attempt = acquired.attempt};
+                .attempt = attempt};
   Result<WriteAnswer> written = WriteAnswer::kApplied;
   if (result.outcome == Outcome::kFailure && options_.failure_policy == FailurePolicy::kRelease) {
-    written = store_.Release(options_.scope, key, acquired.token);
+    written = release(result);
     out.released = true;
     if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
   } else {
-    Stopwatch csw;
-    written = store_.Complete(
-        {options_.scope, key, acquired.token, result.outcome, result.response,
-         result.outcome == Outcome::kSuccess ? options_.retention : options_.failure_retention});
+    Stopwatch sw;
+    written = complete(result, result.outcome == Outcome::kSuccess ? options_.retention
+                                                                   : options_.failure_retention);
     if (m != nullptr) {
-      m->store_complete_seconds->ObserveDuration(csw.Elapsed());
+      m->store_complete_seconds->ObserveDuration(sw.Elapsed());
       if (written && *written == WriteAnswer::kApplied) {
         (result.outcome == Outcome::kSuccess ? m->complete_success : m->complete_failure)->Inc();
       }
@@ -432,7 +487,7 @@ Result<Delivered> Receiver::Execute(std::string key, const Acquired& acquired,
   if (*written == WriteAnswer::kLeaseLost) {
     if (m != nullptr) m->lease_lost->Inc();
     return AbortedError("handler ran but the lease on key was lost to a newer worker (attempt " +
-                        std::to_string(acquired.attempt) + ")");
+                        std::to_string(attempt) + ")");
   }
   out.response = std::move(result.response);
   return out;

@@ -36,6 +36,8 @@ Result<std::optional<Fingerprint>> FingerprintFor(FingerprintMode mode, std::str
 // when it gives up (CountBusy).
 Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics,
                                bool polls_on_busy = false);
+Result<BeginAnswer> TimedBegin(Store& store, const VersionedBeginRequest& req, Metrics* metrics,
+                               bool polls_on_busy = false);
 void CountBusy(Metrics* metrics);
 
 // While a handler runs: holds its key's lease in `keeper` (when not null), extending it through

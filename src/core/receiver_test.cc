@@ -664,5 +664,98 @@ TEST_F(ReceiverTest, AKeyTheStoreRefusesIsNotAStoreError) {
   EXPECT_EQ(runs_.load(), 0);
 }
 
+// SPEC §5 through the receiver: a message naming an entity and a version runs only above the
+// highest applied version, and a stale one is dropped and counted.
+TEST_F(ReceiverTest, VersionedMessagesRunInOrderAndStaleOnesAreDroppedAndCounted) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(*store_, o);
+  const auto deliver = [&](std::uint64_t version) {
+    auto d = r.Receive({.payload = "p", .entity = "acct-7", .version = version}, Counting());
+    EXPECT_TRUE(d) << d.error().ToString();
+    return d ? d->delivery : Delivery::kConflict;
+  };
+  EXPECT_EQ(deliver(1), Delivery::kExecuted);
+  EXPECT_EQ(deliver(1), Delivery::kStale);  // a redelivery
+  EXPECT_EQ(deliver(3), Delivery::kExecuted);
+  EXPECT_EQ(deliver(2), Delivery::kStale);  // arrived after a newer one was applied
+  EXPECT_EQ(runs_.load(), 2);
+  EXPECT_EQ(metrics.begin_stale->Value(), 2u);
+  EXPECT_EQ(metrics.begin_acquired->Value(), 2u);
+  EXPECT_EQ(metrics.complete_success->Value(), 2u);
+  auto v = store_->GetVersion("payments", "acct-7");
+  ASSERT_TRUE(v && v->has_value());
+  EXPECT_EQ((*v)->applied, 3u);
+}
+
+TEST_F(ReceiverTest, AVersionWaitsForTheOneInProgressPerBusyPolicy) {
+  auto held = store_->BeginVersioned({"payments", "acct", 1, milliseconds(3'600'000)});
+  ASSERT_TRUE(held && std::holds_alternative<Acquired>(*held));
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver reject(*store_, o);
+  auto d = reject.Receive({.entity = "acct", .version = 2}, Counting());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->delivery, Delivery::kBusy);
+
+  o.busy_policy = BusyPolicy::kWait;
+  o.busy_wait = milliseconds(200);
+  Receiver wait(*store_, o);
+  const Timestamp start = clock_.Now();
+  d = wait.Receive({.entity = "acct", .version = 2}, Counting());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->delivery, Delivery::kBusy);
+  EXPECT_GE(clock_.Now() - start, milliseconds(200));
+  EXPECT_EQ(metrics.begin_busy->Value(), 2u);  // one a delivery, however often it polled
+
+  ASSERT_TRUE(store_->CompleteVersioned({"payments", "acct", std::get<Acquired>(*held).token}));
+  d = wait.Receive({.entity = "acct", .version = 2}, Counting());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->delivery, Delivery::kExecuted);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
+TEST_F(ReceiverTest, AFailedVersionIsReleasedOrRememberedPerPolicy) {
+  const Handler failing = [this](const HandlerContext& c) {
+    runs_.fetch_add(1);
+    last_attempt_ = c.attempt;
+    return HandlerResult{Outcome::kFailure, "no"};
+  };
+  Receiver release(*store_, Options());
+  auto d = release.Receive({.entity = "a", .version = 1}, failing);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->released);
+  d = release.Receive({.entity = "a", .version = 1}, Counting());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->delivery, Delivery::kExecuted);  // it ran again
+  EXPECT_EQ(runs_.load(), 2);
+
+  ReceiverOptions o = Options();
+  o.failure_policy = FailurePolicy::kRemember;
+  Receiver remember(*store_, o);
+  d = remember.Receive({.entity = "b", .version = 1}, failing);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->outcome, Outcome::kFailure);
+  EXPECT_FALSE(d->released);
+  d = remember.Receive({.entity = "b", .version = 1}, Counting());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->delivery, Delivery::kStale);  // final: never run again
+  EXPECT_EQ(runs_.load(), 3);
+}
+
+TEST_F(ReceiverTest, AVersionedMessageNeedsBothAnEntityAndAVersion) {
+  Receiver r(*store_, Options());
+  for (const Message& m : {Message{.entity = "a"}, Message{.key = "k", .version = 4}}) {
+    auto d = r.Receive(m, Counting());
+    ASSERT_FALSE(d);
+    EXPECT_EQ(d.error().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(runs_.load(), 0);
+}
+
 }  // namespace
 }  // namespace idem
