@@ -232,6 +232,10 @@ class GatewayMetrics {
         &registry.AddHistogram("idemd_upstream_seconds", "Time the upstream took to answer");
     upstream_connects =
         &registry.AddCounter("idemd_upstream_connections_total", "Upstream connections opened");
+    upstream_retries = &registry.AddCounter(
+        "idemd_upstream_retries_total",
+        "Idempotent pass-through requests sent again on a new connection because the upstream "
+        "had closed the pooled one");
     connections = &registry.AddGauge("idemd_connections", "Client connections open");
     for (int r = 0; r < static_cast<int>(SecondaryResult::kCount); ++r) {
       secondary_lookups_[r] = &registry.AddCounter(
@@ -260,6 +264,7 @@ class GatewayMetrics {
   Metrics store;
   Histogram* upstream_seconds;
   Counter* upstream_connects;
+  Counter* upstream_retries;
   Gauge* connections;
 
  private:
@@ -366,6 +371,12 @@ void AppendStatusLine(std::string& out, unsigned version, unsigned status,
   out += "\r\n";
 }
 
+// RFC 9110 §9.2.2: the methods a client (and so idemd) may send again after a failure.
+bool IsIdempotent(http::verb m) {
+  return m == http::verb::get || m == http::verb::head || m == http::verb::options ||
+         m == http::verb::trace || m == http::verb::put || m == http::verb::delete_;
+}
+
 // Statuses whose answer never has content (RFC 9110 §6.4.1).
 bool Bodiless(unsigned status) { return status < 200 || status == 204 || status == 304; }
 
@@ -406,6 +417,8 @@ struct UpstreamResult {
   std::optional<Response> res{};  // empty: failed
   bool timeout = false;
   std::string error{};
+  // Failed on a pooled connection before any byte of an answer: the upstream had closed it.
+  bool stale_connection = false;
 };
 
 // Keep-alive connections to the upstream, owned by one I/O thread: no locks.
@@ -420,9 +433,32 @@ class UpstreamPool {
   // Interim 1xx answers are dropped; 101 fails, since idemd cannot relay another protocol.
   // After CancelAll no call starts: it fails as a connection error, so its key is released
   // like those of the cancelled calls.
-  awaitable<UpstreamResult> Send(Request& req, bool head, std::chrono::milliseconds timeout) {
+  // `idempotent`: the request may be sent twice (RFC 9112 §9.3.1: an idempotent method, and no
+  // key to release instead). A pooled connection the upstream closed just as the request went
+  // out (its keep-alive timeout, within TakeIdle's unchecked kFreshIdle) fails before any
+  // answer; such a request is then sent once more, on a new connection.
+  awaitable<UpstreamResult> Send(Request& req, bool head, std::chrono::milliseconds timeout,
+                                 bool idempotent = false) {
+    UpstreamResult r = co_await SendOnce(req, head, timeout, /*pooled=*/true);
+    if (r.stale_connection && idempotent && !closing_) {
+      metrics_.upstream_retries->Inc();
+      r = co_await SendOnce(req, head, timeout, /*pooled=*/false);
+    }
+    co_return r;
+  }
+
+  // Shutdown: fail every upstream call in flight (their keys are released) and drop idle ones.
+  void CancelAll() {
+    closing_ = true;
+    for (beast::tcp_stream* s : active_) s->socket().close();
+    idle_.clear();
+  }
+
+ private:
+  awaitable<UpstreamResult> SendOnce(Request& req, bool head, std::chrono::milliseconds timeout,
+                                     bool pooled) {
     if (closing_) co_return UpstreamResult{{}, false, "upstream not called: idemd is stopping"};
-    std::unique_ptr<Connection> conn = TakeIdle();
+    std::unique_ptr<Connection> conn = pooled ? TakeIdle() : nullptr;
     const bool fresh = !conn;
     if (fresh) conn = std::make_unique<Connection>(io_);
     beast::tcp_stream& stream = conn->stream;
@@ -436,10 +472,18 @@ class UpstreamPool {
         co_return Failure(ec, "connect");
       }
     }
+    // The upstream closed a pooled connection without answering anything on it.
+    const auto stale = [&](UpstreamResult r, const boost::system::error_code& ec) {
+      r.stale_connection = !fresh && conn->buffer.size() == 0 &&
+                           (ec == http::error::end_of_stream || ec == asio::error::eof ||
+                            ec == asio::error::connection_reset || ec == asio::error::broken_pipe);
+      return r;
+    };
     const std::string wire = Serialize(req, true);
     if (auto [ec, n] = co_await asio::async_write(stream, asio::buffer(wire), kNoThrow); ec) {
-      co_return Failure(ec, "write");
+      co_return stale(Failure(ec, "write"), ec);
     }
+    bool answered = false;  // a byte of an answer came (an interim one counts)
     std::optional<http::response_parser<http::string_body>> parser;
     for (;;) {
       parser.emplace();
@@ -448,8 +492,10 @@ class UpstreamPool {
       parser->skip(head);
       if (auto [ec, n] = co_await http::async_read_header(stream, conn->buffer, *parser, kNoThrow);
           ec) {
-        co_return Failure(ec, "read");
+        UpstreamResult r = Failure(ec, "read");
+        co_return answered ? r : stale(std::move(r), ec);
       }
+      answered = true;
       const unsigned status = parser->get().result_int();
       if (status == 101) {
         co_return UpstreamResult{{}, false, "upstream switched protocols (101)"};
@@ -474,14 +520,6 @@ class UpstreamPool {
     co_return UpstreamResult{parser->release()};
   }
 
-  // Shutdown: fail every upstream call in flight (their keys are released) and drop idle ones.
-  void CancelAll() {
-    closing_ = true;
-    for (beast::tcp_stream* s : active_) s->socket().close();
-    idle_.clear();
-  }
-
- private:
   static UpstreamResult Failure(const boost::system::error_code& ec, std::string_view what) {
     if (ec == beast::error::timeout) return {{}, true, "upstream did not answer in time"};
     return {{}, false, Cat("upstream ", what, ": ", ec.message())};
@@ -1134,7 +1172,8 @@ struct Server::Impl {
   awaitable<Answer> PassThrough(Worker& w, Request& req) {
     const bool head = req.method() == http::verb::head;
     PrepareUpstream(req);
-    UpstreamResult up = co_await w.pool->Send(req, head, config.upstream_timeout);
+    UpstreamResult up =
+        co_await w.pool->Send(req, head, config.upstream_timeout, IsIdempotent(req.method()));
     if (!up.res) co_return UpstreamProblem(req, up);
     std::optional<Response>& res = up.res;
     StripHopByHop(*res);

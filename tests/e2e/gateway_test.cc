@@ -895,6 +895,33 @@ TEST_F(GatewayTest, InterimUpstreamAnswersAreDroppedAndTheFinalOneIsStored) {
   for (const std::string& r : seen) EXPECT_EQ(HeaderIn(r, "expect"), "") << r;
 }
 
+// An upstream that closes every connection right after its answer, without saying so: the
+// next request finds its pooled connection closed. A GET (idempotent, no key) is sent again on
+// a new connection; a keyed POST is not (the upstream might have acted): 502, key released.
+TEST_F(GatewayTest, AnIdempotentRequestOnAPooledConnectionTheUpstreamClosedIsSentAgain) {
+  FakeUpstream upstream([](int fd, const std::string&) {
+    SendAll(fd, Created("ok"));
+    return false;  // close, though the answer said keep-alive
+  });
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--upstream", upstream.url(), "--threads", "1"}));
+  for (int i = 0; i < 3; ++i) {
+    auto got = HttpRequest(port_, "GET", "/charges/1", {}, "", 3s);
+    ASSERT_TRUE(got.has_value()) << got.status().ToString();
+    EXPECT_EQ(got->status, 201) << i << ": " << got->body;
+    std::this_thread::sleep_for(20ms);  // the upstream's close has arrived; well within 200 ms
+  }
+  EXPECT_EQ(upstream.requests().size(), 3u);
+
+  const HttpResponse keyed = Post(port_, "/charges", {{"Idempotency-Key", "p1"}});
+  EXPECT_EQ(keyed.status, 502) << keyed.body;
+  EXPECT_EQ(upstream.requests().size(), 3u);  // not sent again
+  const HttpResponse retry = Post(port_, "/charges", {{"Idempotency-Key", "p1"}});
+  EXPECT_EQ(retry.status, 201) << retry.body;  // released: the client's retry runs
+  auto metrics = HttpRequest(admin_port_, "GET", "/metrics");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_THAT(metrics->body, HasSubstr("idemd_upstream_retries_total 2\n"));
+}
+
 // 101 hands the connection over to another protocol, which a proxy that stores answers cannot
 // relay: an upstream error, so the key is released.
 TEST_F(GatewayTest, UpstreamSwitchingProtocolsIs502AndReleasesTheKey) {
