@@ -29,6 +29,7 @@
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1303,6 +1304,23 @@ struct Server::Impl {
     return KeyingOf(req, config.RouteFor(path)).problem;
   }
 
+  // A header block over max_header_bytes: 414 when the request line alone is (in practice its
+  // target), else 431. The line is the parser's once it has taken it, else the buffer's up to
+  // its first CRLF (none: longer than all that came).
+  std::optional<Problem> HeaderLimitProblem(const Request& req,
+                                            const beast::flat_buffer& buffer) const {
+    std::size_t line = 0;
+    if (!req.target().empty()) {
+      line = req.method_string().size() + req.target().size() +
+             std::string_view(" HTTP/1.1").size() + 1;
+    } else {
+      const std::string_view data(static_cast<const char*>(buffer.data().data()), buffer.size());
+      const std::size_t eol = data.find("\r\n");
+      line = eol == std::string_view::npos ? std::numeric_limits<std::size_t>::max() : eol;
+    }
+    return line > config.max_header_bytes ? problems::TargetTooLong() : problems::HeadersTooLarge();
+  }
+
   // Reads one request (the whole of it within client_timeout), answers it; false: close.
   awaitable<bool> ServeOne(Worker& w, beast::tcp_stream& stream, beast::flat_buffer& buffer) {
     http::request_parser<http::string_body> parser;
@@ -1327,7 +1345,10 @@ struct Server::Impl {
     std::size_t header_fields = 0;
     if (!ec) {
       header_fields = FieldCount(parser.get());
-      refused = ProtocolProblem(parser.get());
+      // The parser checks its limit against what it has not parsed yet, so a header block that
+      // arrived whole may pass it: `n` is what it parsed.
+      refused = n > config.max_header_bytes ? HeaderLimitProblem(parser.get(), buffer)
+                                            : ProtocolProblem(parser.get());
     }
     if (!ec && !refused && !parser.is_done()) {
       if (ContinueExpected(parser.get()) && buffer.size() == 0) {
@@ -1350,10 +1371,7 @@ struct Server::Impl {
     if (ec) {
       std::optional<Problem> problem;
       if (ec == http::error::header_limit) {
-        // The parser takes the request line, then each header line, as each is complete: with
-        // no target yet, the request line alone (in practice its target) is what is too long.
-        problem =
-            parser.get().target().empty() ? problems::TargetTooLong() : problems::HeadersTooLarge();
+        problem = HeaderLimitProblem(parser.get(), buffer);
       } else if (ec == http::error::body_limit) {
         problem = problems::BodyTooLarge(config.max_body_bytes);
       } else if (ec == beast::error::timeout) {

@@ -510,6 +510,32 @@ TEST_F(GatewayTest, RequestsWithoutAPrincipalShareOneScopeUnlessTheRouteRefusesT
   EXPECT_EQ(LedgerCharges(), 2);
 }
 
+// max_header_bytes (16 KiB by default) bounds the whole header block however it arrives, and
+// 414 means the request line alone is over it.
+TEST_F(GatewayTest, TheHeaderLimitIsTheWholeBlocksAnd414IsTheRequestLinesAlone) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({}));
+  int n = 0;
+  const auto send = [&](std::size_t target_bytes, std::size_t filler_bytes) {
+    auto c = HttpConnection::Connect("127.0.0.1", port_, 3s);
+    EXPECT_TRUE(c.has_value());
+    if (!c) return 0;
+    const std::string request =
+        "POST /charges?" + std::string(target_bytes, 'q') +
+        " HTTP/1.1\r\nHost: x\r\nIdempotency-Key: hl-" + std::to_string(++n) +
+        "\r\nX-Filler: " + std::string(filler_bytes, 'f') +
+        "\r\nContent-Length: " + std::to_string(kCharge.size()) + "\r\n\r\n" + std::string(kCharge);
+    EXPECT_TRUE(c->RawSend(request).ok());
+    auto r = c->ReadResponse();
+    EXPECT_TRUE(r.has_value()) << r.status().ToString();
+    return r ? r->status : 0;
+  };
+  EXPECT_EQ(send(3000, 4000), 201);  // 7 KiB in all (the example upstream takes 8)
+  EXPECT_EQ(send(3000, 14000), 431);  // ~17 KiB: over, though it may arrive in one read
+  EXPECT_EQ(send(5000, 12000), 431);  // the line alone is under the limit
+  EXPECT_EQ(send(17000, 10), 414);
+  EXPECT_EQ(send(40000, 10), 414);
+}
+
 TEST_P(GatewayStoresTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd(
       {"--max-body-bytes", "1024", "--max-header-bytes", "2048", "--client-timeout", "1s"}));
