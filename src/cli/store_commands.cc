@@ -22,6 +22,13 @@ Result<std::string> StoreDir(std::string_view arg) {
     return options->dir;
   }
   if (arg.empty()) return InvalidArgumentError("DIR is empty");
+  // Only the log store has files to check: another store's URL is a usage error, not a
+  // directory that is not there.
+  if (arg.find("://") != std::string_view::npos || arg == "memory:") {
+    return InvalidArgumentError("\"" + std::string(arg) +
+                                "\" is not a log store: verify and repair take a log store's "
+                                "directory (or log:DIR)");
+  }
   return std::string(arg);
 }
 

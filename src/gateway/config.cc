@@ -203,7 +203,7 @@ const std::vector<Option>& Options() {
       {"principal_header", Kind::kHeaderName, &Config::principal_header, "NAME",
        "request header whose value's hash scopes keys (a credential or tenant id)"},
       {"principal_secret_file", Kind::kSecretFile, &Config::principal_secret_file, "FILE",
-       "a file holding a secret (at least 16 bytes) under which principals are hashed (HMAC), "
+       "a file holding a secret (16 to 4096 bytes) under which principals are hashed (HMAC), "
        "so that whoever reads the store cannot test guesses of a credential; changing it "
        "changes every principal's scope"},
       {"principal_secret_secondary_file", Kind::kSecondarySecretFile,

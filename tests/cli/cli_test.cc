@@ -171,6 +171,11 @@ TEST_F(CliTest, MissingOrExtraArgumentsAreUsageErrors) {
   r = RunIdem({"store", "verify"});
   EXPECT_EQ(r.exit_code, 2) << r;
   EXPECT_THAT(r.err, HasSubstr("missing DIR"));
+  for (const char* url : {"postgres://h/db", "redis://h:1", "memory:"}) {
+    r = RunIdem({"store", "repair", url});
+    EXPECT_EQ(r.exit_code, 2) << r;
+    EXPECT_THAT(r.err, HasSubstr("is not a log store: verify and repair take a log store's"));
+  }
   r = RunIdem({"stats", "memory:", "extra"});
   EXPECT_EQ(r.exit_code, 2) << r;
   EXPECT_THAT(r.err, HasSubstr("unexpected argument \"extra\""));

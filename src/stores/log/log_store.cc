@@ -459,9 +459,9 @@ Result<std::uint64_t> LogStore::ReplayFile(const std::string& name, bool is_last
   using End = ScanResult::End;
   if (scan->end == End::kDamaged || (scan->end == End::kTornTail && (!is_last || is_snapshot))) {
     return DataLossError(path + " offset " + std::to_string(scan->damage_offset) + ": " +
-                         scan->detail + "; intact data follows, so this is damage, not a torn " +
-                         "write. Run `idem store verify " + options_.dir +
-                         "`, then `idem store repair " + options_.dir + "`");
+                         scan->detail +
+                         "; this is damage, not a torn write. Run `idem store verify " +
+                         options_.dir + "`, then `idem store repair " + options_.dir + "`");
   }
   if (scan->end == End::kTornTail) {
     const std::string_view tail = data.substr(scan->valid_end);
