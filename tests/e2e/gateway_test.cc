@@ -529,7 +529,7 @@ TEST_F(GatewayTest, TheHeaderLimitIsTheWholeBlocksAnd414IsTheRequestLinesAlone) 
     EXPECT_TRUE(r.has_value()) << r.status().ToString();
     return r ? r->status : 0;
   };
-  EXPECT_EQ(send(3000, 4000), 201);  // 7 KiB in all (the example upstream takes 8)
+  EXPECT_EQ(send(3000, 4000), 201);   // 7 KiB in all (the example upstream takes 8)
   EXPECT_EQ(send(3000, 14000), 431);  // ~17 KiB: over, though it may arrive in one read
   EXPECT_EQ(send(5000, 12000), 431);  // the line alone is under the limit
   EXPECT_EQ(send(17000, 10), 414);
