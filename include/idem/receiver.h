@@ -178,9 +178,6 @@ class Receiver {
   Result<Delivered> Run(std::string key, const std::optional<Fingerprint>& fp,
                         const Message& message, const Handler& handler);
   Result<Delivered> RunVersioned(const Message& message, const Handler& handler);
-  // begin(), and while it answers Busy under a waiting policy, again with backoff until
-  // busy_wait has passed.
-  Result<BeginAnswer> BeginWaiting(const std::function<Result<BeginAnswer>()>& begin);
   Result<Delivered> Execute(std::string key, const Acquired& acquired, const Message& message,
                             const Handler& handler);
   // Runs the handler (holding its lease in `keeper` when not null), timed.

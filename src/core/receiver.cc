@@ -118,6 +118,27 @@ void CountBusy(Metrics* metrics) {
   if (metrics != nullptr) metrics->begin_busy->Inc();
 }
 
+Result<BeginAnswer> BeginWaitingOutBusy(Clock& clock, const ReceiverOptions& options,
+                                        const std::function<Result<BeginAnswer>()>& begin) {
+  auto answer = begin();
+  if (options.busy_policy == BusyPolicy::kReject) return answer;
+  const Timestamp deadline = clock.Now() + options.busy_wait;
+  std::chrono::milliseconds backoff{1};
+  constexpr std::chrono::milliseconds kMaxBackoff{50};
+  while (answer && std::holds_alternative<Busy>(*answer)) {
+    const Timestamp now = clock.Now();
+    if (now >= deadline) {
+      CountBusy(options.metrics);  // the answer this delivery ends with
+      break;
+    }
+    clock.SleepFor(
+        std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+    answer = begin();
+  }
+  return answer;
+}
+
 LeaseHold::LeaseHold(LeaseKeeper* keeper, Store& store, Clock& clock,
                      const ReceiverOptions& options, std::string_view key, Token token)
     : store_(store), clock_(clock), options_(options), key_(key), token_(token) {
@@ -361,30 +382,10 @@ Result<BeginAnswer> Receiver::TimedBegin(const BeginRequest& req) {
                           options_.busy_policy != BusyPolicy::kReject);
 }
 
-Result<BeginAnswer> Receiver::BeginWaiting(const std::function<Result<BeginAnswer>()>& begin) {
-  auto answer = begin();
-  if (options_.busy_policy == BusyPolicy::kReject) return answer;
-  const Timestamp deadline = clock_.Now() + options_.busy_wait;
-  std::chrono::milliseconds backoff{1};
-  constexpr std::chrono::milliseconds kMaxBackoff{50};
-  while (answer && std::holds_alternative<Busy>(*answer)) {
-    const Timestamp now = clock_.Now();
-    if (now >= deadline) {
-      core::CountBusy(options_.metrics);  // the answer this delivery ends with
-      break;
-    }
-    clock_.SleepFor(
-        std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
-    backoff = std::min(backoff * 2, kMaxBackoff);
-    answer = begin();
-  }
-  return answer;
-}
-
 Result<Delivered> Receiver::Run(std::string key, const std::optional<Fingerprint>& fp,
                                 const Message& message, const Handler& handler) {
   const BeginRequest req{options_.scope, key, fp, options_.lease};
-  auto answer = BeginWaiting([&] { return TimedBegin(req); });
+  auto answer = core::BeginWaitingOutBusy(clock_, options_, [&] { return TimedBegin(req); });
   if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
   if (auto* a = std::get_if<Acquired>(&*answer)) {
     return Execute(std::move(key), *a, message, handler);
@@ -400,7 +401,7 @@ Result<Delivered> Receiver::RunVersioned(const Message& message, const Handler& 
     return InvalidArgumentError("a versioned message names an entity and a version above 0");
   }
   const VersionedBeginRequest req{options_.scope, message.entity, message.version, options_.lease};
-  auto answer = BeginWaiting([&] {
+  auto answer = core::BeginWaitingOutBusy(clock_, options_, [&] {
     return core::TimedBegin(store_, req, options_.metrics,
                             options_.busy_policy != BusyPolicy::kReject);
   });

@@ -5,6 +5,7 @@
 #define IDEM_CORE_RECEIVER_PARTS_H_
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string_view>
 
@@ -39,6 +40,12 @@ Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* m
 Result<BeginAnswer> TimedBegin(Store& store, const VersionedBeginRequest& req, Metrics* metrics,
                                bool polls_on_busy = false);
 void CountBusy(Metrics* metrics);
+
+// begin(), and while it answers Busy under a waiting busy_policy (kWait, kCoalesce), again with
+// backoff (1 ms doubling to 50 ms) until options.busy_wait has passed on `clock`; a Busy given
+// up on is counted then (CountBusy). Stops at the first store error.
+Result<BeginAnswer> BeginWaitingOutBusy(Clock& clock, const ReceiverOptions& options,
+                                        const std::function<Result<BeginAnswer>()>& begin);
 
 // While a handler runs: holds its key's lease in `keeper` (when not null), extending it through
 // `store` once half of options.lease has gone since the Begin (about now), until

@@ -118,23 +118,8 @@ Result<Delivered> TransactionalReceiver::Receive(const Message& message,
   auto key = keys_.KeyOf(message);
   if (!key) return key.error();
   const BeginRequest req{options_.scope, *key, *fp, options_.lease};
-  auto answer = CountedBegin(req);
+  auto answer = core::BeginWaitingOutBusy(clock_, options_, [&] { return CountedBegin(req); });
   if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
-  if (std::holds_alternative<Busy>(*answer) && options_.busy_policy != BusyPolicy::kReject) {
-    // kWait and kCoalesce: poll until the holder finishes or busy_wait runs out.
-    const Timestamp deadline = clock_.Now() + options_.busy_wait;
-    std::chrono::milliseconds backoff{1};
-    while (std::holds_alternative<Busy>(*answer)) {
-      const Timestamp now = clock_.Now();
-      if (now >= deadline) break;
-      clock_.SleepFor(
-          std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
-      answer = CountedBegin(req);
-      if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
-    }
-    if (std::holds_alternative<Busy>(*answer)) core::CountBusy(options_.metrics);
-  }
   if (const auto* a = std::get_if<Acquired>(&*answer)) {
     return Execute(std::move(*key), *a, message, handler);
   }
