@@ -28,6 +28,15 @@
 // off. A crash after a handler ran and before its completion was stored lets a later delivery run
 // it again after the lease with attempt > 1 (SPEC §3): pass the key downstream.
 //
+// Versioned messages (SPEC §5, options.versions): a message that names an entity and a version
+// is gated by the entity's versions instead of a key. It is begun on its own when its turn in
+// the partition comes (BeginVersioned: there is no batch form), and its completion is stored at
+// once, so that the entity's next version -- often the next message -- is not Busy behind it.
+// A version at or below the entity's highest applied one is Stale: acknowledged without running
+// the handler, and counted. The handler's key is "ENTITY#VERSION". A dead-lettered version counts
+// as applied. Entities have no lease extension: a handler's runs and retries for one version
+// must end within the lease, or another worker may take the version over.
+//
 // Dead-lettering publishes the message with its original headers plus idem-dlq-reason,
 // idem-dlq-attempts, idem-dlq-error, idem-dlq-key and idem-dlq-source to the broker's DLQ, waits
 // for the broker's confirmation, then completes the key with a failure outcome and acknowledges.
@@ -42,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -70,11 +80,11 @@ struct BrokerMessage {
 
 // Why a message goes to the dead-letter channel.
 struct DeadLetterInfo {
-  std::string_view reason{};  // "no_key", "bad_key", "bad_payload", "conflict", "permanent",
-                              // "attempts_exhausted"
+  std::string_view reason{};  // "no_key", "bad_key", "bad_payload", "bad_version", "conflict",
+                              // "permanent", "attempts_exhausted"
   std::uint32_t attempts = 0;
   std::string_view last_error{};
-  std::string_view key{};  // empty when the message had none
+  std::string_view key{};  // empty when the message had none; "ENTITY#VERSION" for a versioned one
 };
 
 // Header (field) names added to a dead-lettered message.
@@ -159,12 +169,25 @@ struct HandlerVerdict {
 // that throws is a kRetryable failure with the exception's message.
 using MessageHandler = std::function<HandlerVerdict(const HandlerContext&, const BrokerMessage&)>;
 
+// Where versioned messages name their entity and version: a header or a JSON pointer each
+// (KeySource::Header, KeySource::JsonPointer; the other kinds read nothing).
+struct VersionSources {
+  KeySource entity = KeySource::Header("Entity-Id");
+  KeySource version = KeySource::Header("Entity-Version");
+};
+
 struct ConsumerOptions {
   std::string name = "consumer";  // the `consumer` label of its metrics, and log lines
   std::string scope{};            // store scope of the keys
   KeySource key_source = KeySource::Header("Idempotency-Key");
   FingerprintMode fingerprint = FingerprintMode::kNone;  // kJson: a reused key -> "conflict"
-  std::size_t max_key_bytes = kDefaultMaxKeyBytes;
+  std::size_t max_key_bytes = kDefaultMaxKeyBytes;       // keys and entities
+  // Set: a message that names both an entity and a version is a versioned message (above); one
+  // that names neither is gated by its key; one that names only one of them, an entity that is
+  // not a valid key, or a version that is not a whole number from 1 to 2^64 - 1 in decimal goes
+  // to the dead-letter channel ("bad_version"). A version given as a JSON number is exact up
+  // to 2^53; send larger ones as a string.
+  std::optional<VersionSources> versions{};
   std::size_t batch_size = 256;
   std::chrono::milliseconds poll_wait{100};
   // The batch's leases are extended once half of the lease is gone: before a handler runs,
@@ -206,6 +229,7 @@ struct ConsumerCounts {
   std::uint64_t received = 0;       // messages polled
   std::uint64_t executed = 0;       // handler succeeded and the key was completed
   std::uint64_t replayed = 0;       // duplicates settled without running the handler
+  std::uint64_t stale = 0;          // versioned messages at or below their entity's applied version
   std::uint64_t retries = 0;        // handler runs after a retryable failure
   std::uint64_t dead_lettered = 0;  // published to the DLQ (poison included)
   std::uint64_t poison = 0;         // of those, messages without a usable key or payload

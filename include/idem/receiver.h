@@ -79,8 +79,9 @@ struct Message {
   // instead of a key: it runs only if its version is above the highest applied one (else
   // kStale, counted), one version of an entity at a time (else Busy, per busy_policy;
   // kCoalesce waits as kWait). Success, or a failure under kRemember, applies the version; a
-  // failure under kRelease lets a redelivery run again. Entities have no lease extension: the
-  // handler must end within `lease`, or another worker may take the version over.
+  // failure under kRelease lets a redelivery run again. The handler's key is "ENTITY#VERSION".
+  // Entities have no lease extension: the handler must end within `lease`, or another worker
+  // may take the version over.
   std::string_view entity{};
   std::uint64_t version = 0;  // above 0 when entity is given
 };

@@ -1,10 +1,6 @@
 // idem store verify|repair: checking and salvaging a log store's directory.
-#include <algorithm>
-#include <filesystem>
 #include <iostream>
-#include <set>
 #include <string>
-#include <system_error>
 
 #include "cli/command.h"
 #include "cli/format.h"
@@ -30,17 +26,6 @@ Result<std::string> StoreDir(std::string_view arg) {
                                 "directory (or log:DIR)");
   }
   return std::string(arg);
-}
-
-// The names of DIR's repair-backup-* directories.
-std::set<std::string> RepairBackups(const std::string& dir) {
-  std::set<std::string> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("repair-backup-", 0) == 0 && entry.is_directory(ec)) out.insert(name);
-  }
-  return out;
 }
 
 int RunVerify(const Command& self, const Args& args) {
@@ -81,7 +66,6 @@ int RunVerify(const Command& self, const Args& args) {
 int RunRepair(const Command& self, const Args& args) {
   auto dir = StoreDir(args.positional()[0]);
   if (!dir) return UsageError(self, dir.error().message());
-  const std::set<std::string> backups_before = RepairBackups(*dir);
   ProgressLine progress("repairing");
   auto report = RepairLogStore(*dir, progress.callback());
   progress.Clear();
@@ -89,22 +73,10 @@ int RunRepair(const Command& self, const Args& args) {
   std::cout << "entries kept   " << report->entries_kept << "\n"
             << "bytes dropped  " << report->bytes_dropped << "\n";
   for (const std::string& d : report->dropped) std::cout << "dropped        " << d << "\n";
-  // RepairLogStore names its backup by the time; find it as the directory that is new, or,
-  // if a repair in the same second reused it, the newest.
-  const std::set<std::string> backups = RepairBackups(*dir);
-  std::string backup;
-  for (const std::string& b : backups) {
-    if (!backups_before.contains(b)) backup = b;
-  }
-  if (backup.empty() && !backups.empty()) {
-    backup = *std::max_element(backups.begin(), backups.end(), [](const auto& a, const auto& b) {
-      return a.size() != b.size() ? a.size() < b.size() : a < b;
-    });
-  }
-  if (backup.empty()) {
+  if (report->backup.empty()) {
     std::cout << "backup         none (there were no log files)\n";
   } else {
-    std::cout << "backup         " << (std::filesystem::path(*dir) / backup).string()
+    std::cout << "backup         " << report->backup
               << " (the old files; delete it once the store is known to be good)\n";
   }
   return kExitOk;

@@ -75,6 +75,18 @@ Result<KeySource> ParseKeySource(std::string_view s) {
                               "\"fingerprint\")");
 }
 
+// Where a versioned message names its entity or version: a header or a JSON pointer.
+Result<KeySource> ParseFieldSource(const toml::node& n) {
+  auto s = StringOf(n);
+  if (!s) return s.error();
+  if (*s == "fingerprint" || (!s->starts_with("header:") && !s->starts_with("json:"))) {
+    return InvalidArgumentError(Quote(*s) +
+                                " is not a field (write \"header:NAME\" or "
+                                "\"json:/pointer\")");
+  }
+  return ParseKeySource(*s);
+}
+
 Result<FingerprintMode> ParseFingerprint(std::string_view s) {
   if (s == "none") return FingerprintMode::kNone;
   if (s == "bytes") return FingerprintMode::kBytes;
@@ -223,6 +235,18 @@ const std::map<std::string, Setter, std::less<>>& ConsumerOptions() {
          c.key = std::move(*k);
          return OkStatus();
        }},
+      {"entity", Set(&ConsumerConfig::entity,
+                     [](const toml::node& n) -> Result<std::optional<KeySource>> {
+                       auto f = ParseFieldSource(n);
+                       if (!f) return f.error();
+                       return std::optional<KeySource>(std::move(*f));
+                     })},
+      {"version", Set(&ConsumerConfig::version,
+                      [](const toml::node& n) -> Result<std::optional<KeySource>> {
+                        auto f = ParseFieldSource(n);
+                        if (!f) return f.error();
+                        return std::optional<KeySource>(std::move(*f));
+                      })},
       {"fingerprint",
        [](const toml::node& n, ConsumerConfig& c) -> Status {
          auto s = StringOf(n);
@@ -282,6 +306,10 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
   }
   if (c.max_backoff < c.backoff) {
     return ErrorAt(where, "consumer.max_backoff", "is below backoff");
+  }
+  if (c.entity.has_value() != c.version.has_value()) {
+    return missing(c.entity ? "version" : "entity",
+                   "a versioned message names an entity and a version: set both");
   }
   // No bound between lease and handler_timeout: the consumer extends a batch's leases while
   // its handler calls run (ConsumerOptions::keep_leases).
@@ -471,6 +499,10 @@ Top-level options (file or flag):
                      "json:/pointer" into the payload, or "fingerprint" (of the payload)
   fingerprint        none | bytes | json: a key reused for another payload is dead-lettered
                      as a conflict
+  entity, version    versioned messages (both or neither): where a message names its entity
+                     and version, "header:NAME" or "json:/pointer". Such a message runs only
+                     above its entity's applied version (else it is acknowledged as stale),
+                     one version of an entity at a time; its handler key is ENTITY#VERSION
   scope              store scope (default: name)
   batch              messages per poll (default 256)      poll_wait (default 100ms, at most 10s)
   lease              (default 30s)  retention (default 24h)  failure_retention (default 24h)

@@ -66,6 +66,10 @@ struct ConsumerConfig {
   // The gate.
   std::string scope{};  // default: name
   KeySource key = KeySource::Header("Idempotency-Key");
+  // Versioned messages (SPEC §5): where a message names its entity and its version (a header
+  // or a JSON pointer each); both or neither (ConsumerOptions::versions).
+  std::optional<KeySource> entity{};
+  std::optional<KeySource> version{};
   FingerprintMode fingerprint = FingerprintMode::kNone;
   std::size_t batch = 256;
   std::chrono::milliseconds poll_wait{100};

@@ -221,6 +221,30 @@ handler = "http://h:1/"
       << ErrorOf(https);
 }
 
+// Versioned messages: where the entity and version are, both or neither.
+TEST(ConsumeConfigTest, EntityAndVersionComeTogether) {
+  auto c = ParseConsumeConfig(
+      std::string(kMinimal) + "entity = \"header:Account-Id\"\nversion = \"json:/seq\"\n",
+      "c.toml");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  const ConsumerConfig& v = c->consumers[0];
+  ASSERT_TRUE(v.entity.has_value() && v.version.has_value());
+  EXPECT_EQ(v.entity->kind, KeySource::Kind::kHeader);
+  EXPECT_EQ(v.entity->name, "Account-Id");
+  EXPECT_EQ(v.version->kind, KeySource::Kind::kJsonPointer);
+  EXPECT_EQ(v.version->name, "/seq");
+  EXPECT_FALSE(ParseConsumeConfig(kMinimal, "c.toml")->consumers[0].entity.has_value());
+
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "entity = \"header:Account-Id\"\n"),
+            "c.toml:2: consumer.version: missing (a versioned message names an entity and a "
+            "version: set both)");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "version = \"fingerprint\"\n"),
+            "c.toml:10: consumer.version: \"fingerprint\" is not a field (write \"header:NAME\" "
+            "or \"json:/pointer\")");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "entity = \"json:acct\"\n"),
+            "c.toml:10: consumer.entity: \"acct\" is not a JSON pointer (it starts with '/')");
+}
+
 TEST(ConsumeConfigTest, CommandLine) {
   const char* help[] = {"consume", "--help"};
   auto h = ParseConsumeCommandLine(2, help);

@@ -137,6 +137,8 @@ ConsumerOptions CoreOptions(const ConsumerConfig& c, Registry* registry) {
   o.scope = c.scope;
   o.key_source = c.key;
   o.fingerprint = c.fingerprint;
+  if (c.entity && c.version)
+    o.versions = VersionSources{.entity = *c.entity, .version = *c.version};
   o.batch_size = c.batch;
   o.poll_wait = c.poll_wait;
   o.lease = c.lease;

@@ -4,22 +4,27 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <exception>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
-
+#include <system_error>
 #include <utility>
 #include <vector>
+
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 
 #include "core/lease_keeper.h"
 #include "core/receiver_parts.h"
 #include "core/thread_name.h"
+#include "idem/fingerprint.h"
 
 namespace idem {
 
@@ -68,6 +73,7 @@ struct ConsumerMetrics {
                              {{"consumer", name}});
     executed = messages("executed");
     replayed = messages("replayed");
+    stale = messages("stale");
     dead_lettered = messages("dead_lettered");
     redelivered = messages("redelivered");
     poison = &r.AddCounter("idem_consumer_poison_total",
@@ -84,6 +90,7 @@ struct ConsumerMetrics {
   Counter* received;
   Counter* executed;
   Counter* replayed;
+  Counter* stale;
   Counter* dead_lettered;
   Counter* redelivered;
   Counter* poison;
@@ -110,6 +117,13 @@ struct Item {
   std::optional<Fingerprint> fingerprint{};
   std::string poison_reason{};  // non-empty: dead-letter without a key
   std::string poison_error{};
+  // A versioned message (options.versions): its entity (a view into the message or into
+  // entity_storage) and version, and `key` views version_key, "ENTITY#VERSION". Version 0: the
+  // message is gated by its key.
+  std::string_view entity{};
+  std::string entity_storage{};
+  std::uint64_t version = 0;
+  std::string version_key{};
   int first = -1;                      // index of the earlier item of this batch with the same key
   bool conflict = false;               // ... whose fingerprint differs from this one's
   int begin_index = -1;                // into the batch's begin requests and answers
@@ -310,6 +324,13 @@ struct Consumer::Impl {
   }
 
   Result<BeginAnswer> BeginOne(const Item& item) {
+    if (item.version != 0) {
+      const VersionedBeginRequest req{.scope = options.scope,
+                                      .entity = item.entity,
+                                      .version = item.version,
+                                      .lease = options.lease};
+      return core::TimedBegin(store, req, metrics ? &*metrics : nullptr);
+    }
     BeginRequest req{.scope = options.scope,
                      .key = item.key,
                      .fingerprint = item.fingerprint,
@@ -332,6 +353,7 @@ struct Consumer::Impl {
       return;
     }
     item.fingerprint = *fp;
+    if (options.versions && ClassifyVersioned(item)) return;
     Receiver::KeyFault fault = Receiver::KeyFault::kBadKey;
     auto key = keys.KeyOf(msg, item.key_storage, &fault);
     if (!key) {
@@ -340,6 +362,76 @@ struct Consumer::Impl {
       return;
     }
     item.key = *key;
+  }
+
+  // A header or JSON pointer's value in `m`; nullopt when the message does not have it.
+  static Result<std::optional<std::string_view>> FieldOf(const KeySource& source,
+                                                         const BrokerMessage& m,
+                                                         std::string& storage) {
+    using Field = std::optional<std::string_view>;
+    switch (source.kind) {
+      case KeySource::Kind::kHeader:
+        for (const auto& [name, value] : m.headers) {
+          if (absl::EqualsIgnoreCase(name, source.name)) return Field(value);
+        }
+        return Field();
+      case KeySource::Kind::kJsonPointer: {
+        auto text = JsonPointerText(m.payload, source.name);
+        if (!text) {
+          if (text.error().code() == StatusCode::kNotFound) return Field();
+          return text.error();
+        }
+        storage = std::move(*text);
+        return Field(storage);
+      }
+      case KeySource::Kind::kExplicit:
+      case KeySource::Kind::kFingerprint:
+        break;
+    }
+    return Field();
+  }
+
+  // Takes the entity and version of a message (options.versions). False: it names neither, and
+  // is gated by its key. True: it is a versioned message, or poison.
+  bool ClassifyVersioned(Item& item) {
+    const BrokerMessage& m = *item.message;
+    auto poison = [&](std::string_view reason, std::string error) {
+      item.poison_reason = reason;
+      item.poison_error = std::move(error);
+      return true;
+    };
+    std::string version_storage;
+    auto entity = FieldOf(options.versions->entity, m, item.entity_storage);
+    auto version = FieldOf(options.versions->version, m, version_storage);
+    for (const auto* field : {&entity, &version}) {
+      if (*field) continue;
+      const std::string& why = field->error().message();
+      if (why.starts_with("invalid JSON")) return poison("bad_payload", "payload: " + why);
+      return poison("bad_version", std::string(field == &entity ? "entity: " : "version: ") + why);
+    }
+    if (!entity->has_value() && !version->has_value()) return false;
+    if (!entity->has_value() || !version->has_value()) {
+      return poison("bad_version", entity->has_value()
+                                       ? "the message names an entity but no version"
+                                       : "the message names a version but no entity");
+    }
+    if (Status valid = ValidateKey(**entity, options.max_key_bytes); !valid.ok()) {
+      return poison("bad_version", "entity: " + valid.message());
+    }
+    const std::string_view text = **version;
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || text[0] < '0' || text[0] > '9' || ec != std::errc() ||
+        end != text.data() + text.size() || v == 0) {
+      return poison("bad_version", "version \"" + std::string(text.substr(0, 64)) +
+                                       "\" is not a whole number from 1 to " +
+                                       std::to_string(std::numeric_limits<std::uint64_t>::max()));
+    }
+    item.entity = **entity;
+    item.version = v;
+    item.version_key = std::string(item.entity) + "#" + std::to_string(v);
+    item.key = item.version_key;
+    return true;
   }
 
   // Publishes to the DLQ; false (counted) when the broker did not confirm.
@@ -449,7 +541,8 @@ struct Consumer::Impl {
     std::vector<ExtendRequest> requests;
     std::vector<Item*> extended;
     for (Item& item : items) {
-      if (!item.acquired || item.lease_lost) continue;
+      // (Entities have no Extend.)
+      if (!item.acquired || item.lease_lost || item.version != 0) continue;
       requests.push_back({.scope = options.scope,
                           .key = item.key,
                           .token = item.acquired->token,
@@ -572,8 +665,11 @@ struct Consumer::Impl {
     for (std::size_t i = 0; i < r.items.size(); ++i) {
       Item& item = r.items[i];
       // Poison is dead-lettered unbegun; a message handed back already (pipelined: with an
-      // earlier batch's messages of its partition) is not begun at all.
-      if (!item.poison_reason.empty() || item.fate == Fate::kReturned) continue;
+      // earlier batch's messages of its partition) is not begun at all; a versioned one is
+      // begun on its own, in its turn (SettleVersioned).
+      if (!item.poison_reason.empty() || item.fate == Fate::kReturned || item.version != 0) {
+        continue;
+      }
       auto [it, inserted] = first_of.try_emplace(item.key, static_cast<int>(i));
       if (!inserted) {
         item.first = it->second;
@@ -677,6 +773,7 @@ struct Consumer::Impl {
       item.fate = Fate::kSettled;
       return true;
     }
+    if (item.version != 0) return SettleVersioned(r, i, leases_from);
     if (item.first >= 0) {
       // A copy with another payload than the first is a conflict whatever becomes of the first
       // (SPEC §2); a copy with the same payload is decided after the batch's completions, by
@@ -728,6 +825,81 @@ struct Consumer::Impl {
           }
         },
         *answer);
+  }
+
+  // A versioned message, in its turn: begun, run and completed (or Stale) before the next
+  // message of its partition, which may be the entity's next version. False: hand it back.
+  bool SettleVersioned(Round& r, std::size_t i, Timestamp& leases_from) {
+    Item& item = r.items[i];
+    Result<BeginAnswer> answer = BeginOne(item);
+    if (answer) {
+      if (const auto* busy = std::get_if<Busy>(&*answer)) {
+        auto decided = WaitWhileBusy(r.items, item, busy->lease_deadline, leases_from);
+        if (!decided) {
+          r.handback_delay = std::max(r.handback_delay, options.backoff);
+          return false;
+        }
+        answer = std::move(*decided);
+      }
+    }
+    if (!answer) {
+      CountStoreError();
+      r.store_failed = true;
+      return false;
+    }
+    const auto* acquired = std::get_if<Acquired>(&*answer);
+    if (acquired == nullptr) {  // Stale: a version at or below the applied one
+      Count(&ConsumerCounts::stale, &ConsumerMetrics::stale);
+      item.fate = Fate::kSettled;
+      return true;
+    }
+    item.acquired = *acquired;
+    std::vector<Completion> done;
+    switch (Execute(r.items, i, done, leases_from)) {
+      case Ran::kSettled:
+        break;
+      case Ran::kLeaseLost:
+        r.handback_delay = std::max(r.handback_delay, options.backoff);
+        return false;
+      case Ran::kUnsettled:  // Acknowledge releases the version
+        r.broker_failed = r.broker_failed || !stop.load();
+        return false;
+    }
+    if (!CompleteVersion(item, done.front().outcome)) {
+      // Still in progress under this token: a redelivery takes it over after the lease.
+      r.store_failed = true;
+      return false;
+    }
+    item.fate = Fate::kSettled;
+    return true;
+  }
+
+  // Stores a versioned message's completion, tried as often as StoreCompletions tries a batch's;
+  // a dead-lettered version counts as applied too. False (counted) when the store never answered.
+  bool CompleteVersion(Item& item, Outcome outcome) {
+    constexpr int kTries = 3;
+    for (int attempt = 0; attempt < kTries; ++attempt) {
+      if (attempt > 0) Sleep(Backoff(static_cast<std::uint32_t>(attempt), rng));
+      core::Stopwatch sw;
+      auto answer = store.CompleteVersioned({.scope = options.scope,
+                                             .entity = item.entity,
+                                             .token = item.acquired->token,
+                                             .retention = options.retention});
+      if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
+      if (!answer) continue;
+      if (*answer == WriteAnswer::kLeaseLost) {
+        CountLeaseLost();
+      } else if (metrics) {
+        (outcome == Outcome::kSuccess ? metrics->complete_success : metrics->complete_failure)
+            ->Inc();
+      }
+      if (outcome == Outcome::kSuccess)
+        Count(&ConsumerCounts::executed, &ConsumerMetrics::executed);
+      item.acquired.reset();
+      return true;
+    }
+    CountStoreError();
+    return false;
   }
 
   // The key was used for a message with another payload: dead-lettered, then acknowledged.
@@ -880,7 +1052,9 @@ struct Consumer::Impl {
       if (item.acquired && !item.executed && !item.lease_lost) r.release.push_back(&item);
     }
     for (Item* item : r.release) {
-      auto rel = store.Release(options.scope, item->key, item->acquired->token);
+      const Token token = item->acquired->token;
+      auto rel = item->version != 0 ? store.ReleaseVersioned(options.scope, item->entity, token)
+                                    : store.Release(options.scope, item->key, token);
       if (rel && *rel == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
       item->acquired.reset();
     }

@@ -351,6 +351,156 @@ TEST_P(ConsumerTest, KeysFromAJsonPointerAndUnparseablePayloads) {
   EXPECT_EQ(broker_.Acknowledged().size(), 5u);
 }
 
+// SPEC §5 through the consumer: a message naming an entity and a version runs only above the
+// entity's applied version, in partition order; at or below it, it is Stale: acknowledged
+// unrun, and counted. A message naming neither is gated by its key as before.
+TEST_P(ConsumerTest, VersionedMessagesRunAboveTheAppliedVersionAndStaleOnesAreDropped) {
+  auto versioned = [&](std::string entity, std::string version) {
+    broker_.Publish("p0", "{}", {{"Entity-Id", entity}, {"entity-version", version}});
+  };
+  versioned("a", "1");
+  versioned("a", "2");
+  versioned("a", "2");  // a redelivery of 2
+  versioned("a", "1");  // older than what was applied
+  versioned("b", "5");
+  broker_.PublishKeyed("p0", "k1");
+  auto options = Options();
+  options.versions = VersionSources{};  // headers Entity-Id and Entity-Version
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  std::vector<std::string> keys;
+  for (const Run& r : runs_) keys.push_back(r.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a#1", "a#2", "b#5", "k1"}));
+  EXPECT_EQ(consumer.counts().stale, 2u);
+  EXPECT_EQ(consumer.counts().executed, 4u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 6u);
+  auto a = store_->GetVersion("payments", "a");
+  ASSERT_TRUE(a.has_value() && a->has_value());
+  EXPECT_EQ((*a)->applied, 2u);
+  EXPECT_FALSE((*a)->in_progress.has_value());
+  const std::string metrics = registry_.RenderPrometheus();
+  EXPECT_NE(metrics.find("idem_consumer_messages_total{consumer=\"test\",result=\"stale\"} 2"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("idem_begin_total{scope=\"payments\",answer=\"stale\"} 2"),
+            std::string::npos)
+      << metrics;
+
+  versioned("a", "3");
+  versioned("a", "2");
+  ASSERT_TRUE(Round(consumer).has_value());
+  ASSERT_EQ(runs_.size(), 5u);
+  EXPECT_EQ(runs_[4].key, "a#3");
+  EXPECT_EQ(consumer.counts().stale, 3u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 8u);
+}
+
+// The entity and version from JSON pointers: a version may be a JSON number or a string of
+// digits. A message naming only one of them, or a version that is not a whole number from 1 to
+// 2^64 - 1, is dead-lettered as bad_version; a payload that does not parse as bad_payload.
+TEST_P(ConsumerTest, MalformedVersionsAreDeadLetteredWithAReason) {
+  broker_.Publish("p0", R"({"acct":"a","v":3})");
+  broker_.Publish("p0", R"({"acct":"a","v":"4"})");
+  broker_.Publish("p0", R"({"acct":"a"})");                             // no version
+  broker_.Publish("p0", R"({"v":7})");                                  // no entity
+  broker_.Publish("p0", R"({"acct":"a","v":0})");                       // not above 0
+  broker_.Publish("p0", R"({"acct":"a","v":1.5})");                     // not whole
+  broker_.Publish("p0", R"({"acct":"a","v":"-5"})");                    // signed
+  broker_.Publish("p0", R"({"acct":"a","v":"18446744073709551616"})");  // 2^64
+  broker_.Publish("p0", R"({"acct":"","v":9})");                        // empty entity
+  broker_.Publish("p0", R"({"acct":"a","v":)");                         // does not parse
+  broker_.Publish("p0", R"({"acct":"a","v":"18446744073709551615"})");  // 2^64 - 1
+  auto options = Options();
+  options.versions = VersionSources{.entity = KeySource::JsonPointer("/acct"),
+                                    .version = KeySource::JsonPointer("/v")};
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  std::vector<std::string> keys;
+  for (const Run& r : runs_) keys.push_back(r.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a#3", "a#4", "a#18446744073709551615"}));
+  auto dlq = broker_.DeadLetters();
+  std::vector<std::string> reasons;
+  for (const auto& d : dlq) reasons.push_back(d.reason);
+  EXPECT_EQ(reasons,
+            (std::vector<std::string>{"bad_version", "bad_version", "bad_version", "bad_version",
+                                      "bad_version", "bad_version", "bad_version", "bad_payload"}));
+  ASSERT_EQ(dlq.size(), 8u);
+  EXPECT_NE(HeaderOf(dlq[0].headers, "idem-dlq-error").find("entity but no version"),
+            std::string::npos);
+  EXPECT_NE(HeaderOf(dlq[2].headers, "idem-dlq-error").find("not a whole number"),
+            std::string::npos);
+  EXPECT_EQ(consumer.counts().poison, 8u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 11u);
+}
+
+// A dead-lettered version counts as applied (its redelivery is Stale); one handed back unrun
+// because the dead-letter publish failed is released, so the next delivery runs it.
+TEST_P(ConsumerTest, ADeadLetteredVersionIsAppliedAndOneHandedBackIsReleased) {
+  broker_.Publish("p0", "{}", {{"Entity-Id", "a"}, {"Entity-Version", "1"}});
+  auto options = Options();
+  options.versions = VersionSources{};
+  std::atomic<bool> fail{true};
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        std::lock_guard lock(mu_);
+        runs_.push_back({std::string(c.key), "", c.attempt});
+        if (fail) return {Verdict::kPermanent, "declined"};
+        return {Verdict::kSuccess, "ok"};
+      },
+      options);
+  broker_.FailDeadLetter(true);
+  (void)Round(consumer);
+  ASSERT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 0u);
+  EXPECT_EQ(broker_.Redelivered(), 1u);
+  auto a = store_->GetVersion("payments", "a");
+  ASSERT_TRUE(a.has_value() && a->has_value());
+  EXPECT_EQ((*a)->applied, 0u);
+  EXPECT_FALSE((*a)->in_progress.has_value()) << "the version was not released";
+
+  broker_.FailDeadLetter(false);
+  ASSERT_TRUE(Round(consumer).has_value());
+  ASSERT_EQ(runs_.size(), 2u);
+  auto dlq = broker_.DeadLetters();
+  ASSERT_EQ(dlq.size(), 1u);
+  EXPECT_EQ(dlq[0].reason, "permanent");
+  EXPECT_EQ(HeaderOf(dlq[0].headers, "idem-dlq-key"), "a#1");
+  a = store_->GetVersion("payments", "a");
+  ASSERT_TRUE(a.has_value() && a->has_value());
+  EXPECT_EQ((*a)->applied, 1u);
+
+  fail = false;
+  broker_.Publish("p0", "{}", {{"Entity-Id", "a"}, {"Entity-Version", "1"}});
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_EQ(runs_.size(), 2u);
+  EXPECT_EQ(consumer.counts().stale, 1u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
+// Only one version of an entity is in progress at a time (SPEC §5): one another worker holds is
+// waited for up to busy_timeout, then handed back with the rest of its partition, unrun.
+TEST_P(ConsumerTest, AVersionAnotherWorkerHoldsIsWaitedForThenHandedBack) {
+  auto held = store_->BeginVersioned({"payments", "a", 1, milliseconds(60'000)});
+  ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
+  broker_.Publish("p0", "{}", {{"Entity-Id", "a"}, {"Entity-Version", "2"}});
+  broker_.PublishKeyed("p0", "after");
+  auto options = Options();
+  options.versions = VersionSources{};
+  options.busy_timeout = milliseconds(2'000);
+  Consumer consumer(*store_, broker_, Recording(), options);
+  (void)Round(consumer);
+  EXPECT_TRUE(runs_.empty());
+  EXPECT_EQ(broker_.Redelivered(), 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 0u);
+
+  ASSERT_TRUE(store_->CompleteVersioned({"payments", "a", std::get<Acquired>(*held).token}));
+  Drain(consumer);
+  std::vector<std::string> keys;
+  for (const Run& r : runs_) keys.push_back(r.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a#2", "after"}));
+}
+
 // A second copy of a key in one batch with another payload is not a replay of the first: it
 // would be acknowledged and lost. It is a conflict, dead-lettered like one a later batch meets.
 TEST_P(ConsumerTest, ACopyWithAnotherPayloadInTheSameBatchIsAConflict) {

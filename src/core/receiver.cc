@@ -413,8 +413,10 @@ Result<Delivered> Receiver::RunVersioned(const Message& message, const Handler& 
         .delivery = std::holds_alternative<Busy>(*answer) ? Delivery::kBusy : Delivery::kStale,
         .key = std::move(entity)};
   }
-  // Entities have no Extend: the lease is not kept, so the handler must end within it.
-  HandlerResult result = Invoke(entity, *acquired, message, handler, /*keeper=*/nullptr);
+  // Entities have no Extend: the lease is not kept, so the handler must end within it. Its key
+  // names the version, so that a downstream call made with it is one per version.
+  const std::string version_key = entity + "#" + std::to_string(message.version);
+  HandlerResult result = Invoke(version_key, *acquired, message, handler, /*keeper=*/nullptr);
   const Token token = acquired->token;
   // kRemember: a failure is final here too. The version counts as applied and a redelivery of
   // it is Stale: an entity keeps its highest applied version, not outcomes.

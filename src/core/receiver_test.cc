@@ -682,12 +682,19 @@ TEST_F(ReceiverTest, VersionedMessagesRunInOrderAndStaleOnesAreDroppedAndCounted
   EXPECT_EQ(deliver(3), Delivery::kExecuted);
   EXPECT_EQ(deliver(2), Delivery::kStale);  // arrived after a newer one was applied
   EXPECT_EQ(runs_.load(), 2);
+  // The handler's key names the version: a downstream call made with it is one per version.
+  std::string key;
+  ASSERT_TRUE(r.Receive({.entity = "acct-7", .version = 4}, [&](const HandlerContext& c) {
+    key = std::string(c.key);
+    return HandlerResult{};
+  }));
+  EXPECT_EQ(key, "acct-7#4");
   EXPECT_EQ(metrics.begin_stale->Value(), 2u);
-  EXPECT_EQ(metrics.begin_acquired->Value(), 2u);
-  EXPECT_EQ(metrics.complete_success->Value(), 2u);
+  EXPECT_EQ(metrics.begin_acquired->Value(), 3u);
+  EXPECT_EQ(metrics.complete_success->Value(), 3u);
   auto v = store_->GetVersion("payments", "acct-7");
   ASSERT_TRUE(v && v->has_value());
-  EXPECT_EQ((*v)->applied, 3u);
+  EXPECT_EQ((*v)->applied, 4u);
 }
 
 TEST_F(ReceiverTest, AVersionWaitsForTheOneInProgressPerBusyPolicy) {

@@ -88,10 +88,12 @@ struct LogRepairReport {
   std::uint64_t entries_kept = 0;
   std::uint64_t bytes_dropped = 0;
   std::vector<std::string> dropped;  // "FILE bytes [a, b)", one per dropped range
+  std::string backup;                // where the old files went; empty when there were none
 };
 
 // Rewrites the store keeping every intact entry and dropping damaged bytes; reports what it
-// dropped. The old files are kept in DIR/repair-backup-<time>/.
+// dropped. The old files are kept in DIR/repair-backup-<time>/ (-<time>-2/, ... when a repair in
+// the same second made that one: each repair's files stay apart).
 Result<LogRepairReport> RepairLogStore(const std::string& dir, const Progress& progress = {});
 
 }  // namespace idem

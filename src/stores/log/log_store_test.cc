@@ -229,6 +229,29 @@ TEST_F(LogStoreTest, AVersion2SegmentIsReadAndNotAppendedTo) {
   ExpectReplay(*s, "after");
 }
 
+// Each repair moves the files it replaced into a backup of its own, even two in one second (the
+// second used to reuse the first's directory), and says where.
+TEST_F(LogStoreTest, EachRepairKeepsItsOldFilesInABackupOfItsOwn) {
+  {
+    auto s = Open(Options());
+    Cycle(*s, "a");
+  }
+  auto first = RepairLogStore(dir_);
+  ASSERT_TRUE(first) << first.error().ToString();
+  auto second = RepairLogStore(dir_);
+  ASSERT_TRUE(second) << second.error().ToString();
+  ASSERT_FALSE(first->backup.empty());
+  ASSERT_FALSE(second->backup.empty());
+  EXPECT_NE(first->backup, second->backup);
+  for (const std::string& b : {first->backup, second->backup}) {
+    EXPECT_TRUE(fs::is_directory(b)) << b;
+    EXPECT_FALSE(fs::is_empty(b)) << b;
+  }
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  ExpectReplay(*s, "a");
+}
+
 // Version 1 (unreleased) had no salt: its files are refused, by version, and left alone.
 TEST_F(LogStoreTest, AVersion1StoreIsRefusedByVersion) {
   fs::create_directories(dir_);

@@ -309,8 +309,11 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   IDEM_RETURN_IF_ERROR(fs.SyncDir(dir));
   // The old files go to a backup folder: nothing is deleted by a repair (if this stops
   // halfway, the next open removes those left behind, as it does a compaction's leftovers).
-  const std::string backup = dir + "/repair-backup-" + std::to_string(std::time(nullptr));
+  const std::string stamp = dir + "/repair-backup-" + std::to_string(std::time(nullptr));
+  std::string backup = stamp;
+  for (int n = 2; fs.Exists(backup); ++n) backup = stamp + "-" + std::to_string(n);
   IDEM_RETURN_IF_ERROR(fs.CreateDir(backup));
+  report.backup = backup;
   for (const auto* group : {&listed->snapshots, &listed->segments}) {
     for (const LogFile& f : *group) {
       IDEM_RETURN_IF_ERROR(fs.Rename(dir + "/" + f.name, backup + "/" + f.name));
