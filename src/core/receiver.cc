@@ -38,6 +38,11 @@ std::string_view DeliveryName(Delivery d) {
 
 namespace {
 
+// A completion or release the store did not answer is tried this often in all, pausing
+// kWriteRetryPause, then twice that.
+constexpr int kWriteTries = 3;
+constexpr std::chrono::milliseconds kWriteRetryPause{20};
+
 bool HeaderNameEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   if (a == b) return true;  // brokers mostly keep the name as it was written
@@ -467,15 +472,31 @@ Result<Delivered> Receiver::Finish(std::string_view key, std::uint32_t attempt,
                 .outcome = result.outcome,
                 .response = {},
                 .attempt = attempt};
+  // The handler ran: a write the store did not answer would keep the key IN_PROGRESS until its
+  // lease ends, and the next delivery would run the handler again. So it is tried again, as the
+  // consumer and the gateway do. Writes are fenced by the token: after a try that failed
+  // mid-way, "not yours" most likely means that try landed.
+  const auto tried = [&](const auto& write) {
+    Result<WriteAnswer> w = write();
+    for (int t = 1; t < kWriteTries && !w; ++t) {
+      if (m != nullptr) m->store_errors->Inc();
+      clock_.SleepFor(kWriteRetryPause * t);
+      w = write();
+      if (w && *w == WriteAnswer::kLeaseLost) w = WriteAnswer::kApplied;
+    }
+    return w;
+  };
   Result<WriteAnswer> written = WriteAnswer::kApplied;
   if (result.outcome == Outcome::kFailure && options_.failure_policy == FailurePolicy::kRelease) {
-    written = release(result);
+    written = tried([&] { return release(result); });
     out.released = true;
     if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
   } else {
     Stopwatch sw;
-    written = complete(result, result.outcome == Outcome::kSuccess ? options_.retention
-                                                                   : options_.failure_retention);
+    written = tried([&] {
+      return complete(result, result.outcome == Outcome::kSuccess ? options_.retention
+                                                                  : options_.failure_retention);
+    });
     if (m != nullptr) {
       m->store_complete_seconds->ObserveDuration(sw.Elapsed());
       if (written && *written == WriteAnswer::kApplied) {

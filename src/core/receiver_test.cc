@@ -374,6 +374,37 @@ TEST_F(ReceiverTest, LostCompletionIsRetryableAndRunsAgainAfterTheLease) {
   EXPECT_EQ(last_attempt_, 2u);
 }
 
+// A completion (or a release) that fails once or twice is tried again: the handler ran, and
+// an outcome left unstored would run it again on the next delivery.
+TEST_F(ReceiverTest, AWriteTheStoreFailsTwiceIsTriedAgain) {
+  FaultyStore faulty(*store_);
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(faulty, o);
+  faulty.FailTimes(FaultyStore::kComplete, 2);
+  auto res = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(res) << res.error().ToString();
+  EXPECT_EQ(res->delivery, Delivery::kExecuted);
+  EXPECT_EQ(faulty.refused(), 2u);
+  EXPECT_EQ(metrics.store_errors->Value(), 2u);
+  auto again = r.Receive({.key = "k"}, Counting());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->delivery, Delivery::kReplayed);
+  EXPECT_EQ(runs_.load(), 1);
+
+  faulty.FailTimes(FaultyStore::kRelease, 1);
+  auto failed = r.Receive({.key = "f"}, [](const HandlerContext&) {
+    return HandlerResult{.outcome = Outcome::kFailure};
+  });
+  ASSERT_TRUE(failed) << failed.error().ToString();
+  EXPECT_TRUE(failed->released);
+  auto rerun = r.Receive({.key = "f"}, Counting());
+  ASSERT_TRUE(rerun);
+  EXPECT_EQ(rerun->delivery, Delivery::kExecuted);  // released, so run at once: not Busy
+}
+
 TEST_F(ReceiverTest, LeaseLostToANewerWorkerIsAborted) {
   Receiver r(*store_, Options());
   auto res = r.Receive({.key = "k"}, [&](const HandlerContext&) {

@@ -71,6 +71,9 @@ constexpr std::size_t kMaxUpstreamBody = std::size_t{1} << 30;
 constexpr std::uint32_t kMaxUpstreamHeader = 64 * 1024;
 constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
 constexpr std::string_view kAttemptHeader = "Idempotency-Attempt";
+// A completion the store did not answer is tried this often in all, pausing 20 ms, then 40 ms.
+constexpr int kCompleteTries = 3;
+constexpr std::chrono::milliseconds kCompleteRetryPause{20};
 
 // ---- text (Debian's abseil has its own string_view, so std only here) ----
 
@@ -1134,9 +1137,26 @@ struct Server::Impl {
                                    .outcome = idem::Outcome::kSuccess,
                                    .response = encoded,
                                    .retention = route.retention};
-    const auto t1 = SteadyClock::now();
-    Result<WriteAnswer> done = co_await StoreComplete(w, complete);
-    metrics.store.store_complete_seconds->ObserveDuration(SteadyClock::now() - t1);
+    // The upstream acted, so a store error here would leave the key IN_PROGRESS and let the
+    // client's retry run the upstream again after the lease: the completion is tried again
+    // (it is fenced by the token, so a try that did land makes a later one LeaseLost, never a
+    // second write), as the consumer does.
+    Result<WriteAnswer> done = UnavailableError("not tried");
+    for (int attempt = 0; attempt < kCompleteTries; ++attempt) {
+      if (attempt > 0) {
+        metrics.store.store_errors->Inc();
+        asio::steady_timer pause(w.io, kCompleteRetryPause * attempt);
+        co_await pause.async_wait(kNoThrow);
+      }
+      const auto t1 = SteadyClock::now();
+      done = co_await StoreComplete(w, complete);
+      metrics.store.store_complete_seconds->ObserveDuration(SteadyClock::now() - t1);
+      if (done) {
+        // After a try that failed mid-way, "not yours" most likely means that try landed.
+        if (attempt > 0 && *done == WriteAnswer::kLeaseLost) done = WriteAnswer::kApplied;
+        break;
+      }
+    }
     if (!done) {
       // The upstream acted; its answer is the truth for this client. The key stays in progress
       // until its lease ends, then a retry runs again with the next attempt number.

@@ -1582,6 +1582,20 @@ TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKe
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
+// A completion the store fails to take is tried again: one failure (a pooled connection that
+// died under it) no longer leaves the key IN_PROGRESS for the client's retry to run the
+// upstream again after the lease.
+TEST_F(GatewayStoreFailureTest, ACompletionTheStoreFailsOnceIsTriedAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  faulty_.FailTimes(FaultyStore::kComplete, 2);
+  EXPECT_EQ(Charge("s-3").status, 201);
+  EXPECT_EQ(faulty_.refused(), 2u);
+  const HttpResponse again = Charge("s-3");
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.Header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(LedgerCharges(), 1);
+}
+
 // Rotation, in process over a store the test also reaches: a key held under the secondary
 // secret's scope with a running lease is 409 (and is not begun under the new scope), also when
 // the new scope's attempt was a takeover; one whose lease ran out is run; a store that cannot

@@ -7,6 +7,13 @@ Status Injected() { return UnavailableError("injected fault: store unreachable")
 
 bool FaultyStore::Refuse(Op op) {
   if ((failing_.load() & op) == 0) return false;
+  for (std::int64_t left = budget_.load(); left >= 0;) {
+    if (left == 0) {
+      failing_.store(0);
+      return false;
+    }
+    if (budget_.compare_exchange_weak(left, left - 1)) break;
+  }
   refused_.fetch_add(1);
   return true;
 }

@@ -27,7 +27,15 @@ class FaultyStore : public Store {
   // Every call to an op in `ops` fails with kUnavailable until Heal(). The inner store is not
   // called, so nothing changes.
   void Fail(std::uint32_t ops) { failing_.store(ops); }
-  void Heal() { failing_.store(0); }
+  void Heal() {
+    failing_.store(0);
+    budget_.store(-1);
+  }
+  // Only the next `n` calls to ops in `ops` fail; then it heals by itself.
+  void FailTimes(std::uint32_t ops, std::int64_t n) {
+    budget_.store(n);
+    failing_.store(ops);
+  }
   // How many calls were refused.
   std::uint64_t refused() const { return refused_.load(); }
 
@@ -65,6 +73,7 @@ class FaultyStore : public Store {
   Store& inner_;
   std::atomic<std::uint32_t> failing_{0};
   std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::int64_t> budget_{-1};  // calls left to refuse; -1: no bound
 };
 
 }  // namespace idem::testing

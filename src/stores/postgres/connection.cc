@@ -224,14 +224,16 @@ Status Connection::Wait(bool write, Deadline deadline) {
 
 bool Connection::Healthy() {
   if (failed_ || conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) return false;
-  // An idle connection has nothing to read unless the server closed it (or sent a notice).
+  // An idle connection has nothing to read (idem never LISTENs) unless the server is closing
+  // it: a server that shuts down or restarts sends each backend's client "FATAL: terminating
+  // connection" before the close, and reading that leaves libpq's status CONNECTION_OK, so a
+  // pool that trusted it handed out every dead connection once after a restart, failing one
+  // call each (a completion among them). Anything unasked for means: do not use it.
   pollfd p{PQsocket(conn_), POLLIN, 0};
   if (p.fd < 0) return false;
-  if (::poll(&p, 1, 0) > 0) {
-    if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) != CONNECTION_OK) {
-      (void)Broken("idle");
-      return false;
-    }
+  if (::poll(&p, 1, 0) != 0) {
+    (void)Fail("PostgreSQL sent something on an idle connection (it was closing it)");
+    return false;
   }
   return true;
 }

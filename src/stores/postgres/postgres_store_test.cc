@@ -619,6 +619,32 @@ TEST_F(PostgresFailClosedTest, StoppedServerIsUnavailableAndRecoveryNeedsNoReope
   ExpectRecoveryWithoutReopening("restarted-");
 }
 
+// The pool's idle connections to a server that restarted are all dead: none may be handed to a
+// call. They were, once each, since the server's farewell ("FATAL: terminating connection")
+// made them look readable and healthy; behind idemd a completion that failed that way left its
+// key IN_PROGRESS, and the client's retry after the lease charged a second time.
+TEST_F(PostgresFailClosedTest, ARestartedServerIsUsedAgainWithoutAFailedCall) {
+  // Fill the pool (and the group committer) with connections.
+  RunConcurrently(4, [&](int t) {
+    for (int i = 0; i < 20; ++i) {
+      const Status s = Cycle("warm-" + std::to_string(t) + "-" + std::to_string(i));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  });
+  ASSERT_TRUE(server_->Stop().ok());
+  ASSERT_TRUE(server_->Restart().ok());  // returns once the server takes connections
+  for (int i = 0; i < 20; ++i) {
+    const Status s = Cycle("after-restart-" + std::to_string(i));
+    EXPECT_TRUE(s.ok()) << "call " << i << ": " << s.ToString();
+  }
+  RunConcurrently(4, [&](int t) {
+    for (int i = 0; i < 5; ++i) {
+      const Status s = Cycle("after-" + std::to_string(t) + "-" + std::to_string(i));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  });
+}
+
 TEST_F(PostgresFailClosedTest, ServerThatStopsAnsweringIsUnavailableWithinTheTimeout) {
   ASSERT_TRUE(Cycle("before").ok());
   ASSERT_TRUE(server_->Freeze().ok());
