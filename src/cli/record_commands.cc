@@ -60,7 +60,7 @@ OpenedStore Open(const Command& self, std::string_view url) {
     redis->max_key_bytes = kOperatorMaxKeyBytes;
   } else if (auto* pg = std::get_if<PostgresStoreOptions>(&*config)) {
     pg->reclaim_interval = std::chrono::milliseconds(0);
-    pg->max_key_bytes = kOperatorMaxKeyBytes;
+    pg->max_key_bytes = std::min<std::size_t>(kOperatorMaxKeyBytes, kMaxPostgresKeyBytes);
     pg->pool_size = 1;
   } else {
     auto& memory = std::get<MemoryStoreOptions>(*config);
@@ -69,8 +69,12 @@ OpenedStore Open(const Command& self, std::string_view url) {
   }
   auto store = OpenStore(*config);
   if (!store) {
-    return {nullptr, Failure(self, "cannot open " + core::RedactUrlPassword(url) + ": " +
-                                       store.error().ToString())};
+    const std::string why =
+        "cannot open " + core::RedactUrlPassword(url) + ": " + store.error().ToString();
+    // Options only the open could check are the command line's fault.
+    if (store.error().code() == StatusCode::kInvalidArgument)
+      return {nullptr, UsageError(self, why)};
+    return {nullptr, Failure(self, why)};
   }
   return {std::move(*store), kExitOk};
 }

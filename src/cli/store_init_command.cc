@@ -17,8 +17,9 @@ int RunInit(const Command& self, const Args& args) {
   auto* pg = std::get_if<PostgresStoreOptions>(&*config);
   if (pg == nullptr) {
     return UsageError(self,
-                      "store init is for postgres:// stores; log: and memory: stores need "
-                      "no init (a log store's directory is created when it is opened)");
+                      "store init is for postgres:// stores; redis://, log: and memory: stores "
+                      "need no init (Redis keys and a log store's directory are made as they "
+                      "are used)");
   }
   auto before = PostgresSchemaVersion(*pg);
   if (!before) return Failure(self, before.error().ToString());

@@ -3,6 +3,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <set>
@@ -307,6 +309,30 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
   if (c.max_backoff < c.backoff) {
     return ErrorAt(where, "consumer.max_backoff", "is below backoff");
   }
+  const auto same_name = [](std::string_view a, std::string_view b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+      return std::tolower(static_cast<unsigned char>(x)) ==
+             std::tolower(static_cast<unsigned char>(y));
+    });
+  };
+  if (same_name(c.key_header, c.attempt_header)) {
+    return ErrorAt(where, "consumer.attempt_header",
+                   Quote(c.attempt_header) +
+                       " is key_header too: the attempt number would "
+                       "replace the key on the handler's request");
+  }
+  for (std::size_t i = 0; i < c.topics.size(); ++i) {
+    if (std::find(c.topics.begin(), c.topics.begin() + static_cast<std::ptrdiff_t>(i),
+                  c.topics[i]) != c.topics.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return ErrorAt(where, "consumer.topics", Quote(c.topics[i]) + " is listed twice");
+    }
+  }
+  if (std::find(c.topics.begin(), c.topics.end(), c.dlq) != c.topics.end()) {
+    return ErrorAt(where, "consumer.dlq",
+                   Quote(c.dlq) +
+                       " is also one of the topics read: every dead letter would be "
+                       "consumed again, and a poison message dead-lettered forever");
+  }
   if (c.entity.has_value() != c.version.has_value()) {
     return missing(c.entity ? "version" : "entity",
                    "a versioned message names an entity and a version: set both");
@@ -320,6 +346,7 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
                      std::set<std::string>& names) {
   ConsumerConfig c;
   bool has_scope = false;
+  bool has_broker = false;
   const std::string table_at = At(file, t.source());
   for (auto [k, v] : InFileOrder(t)) {
     const std::string key(k->str());
@@ -332,7 +359,11 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
       return ErrorAt(where, "consumer." + key, s.message());
     }
     has_scope = has_scope || key == "scope";
+    has_broker = has_broker || key == "broker";
   }
+  // No default: a consumer of a NATS or Redis URL that left it out ran as a Kafka consumer that
+  // consumed nothing, with no error.
+  if (!has_broker) return ErrorAt(table_at, "consumer.broker", "missing (kafka, nats or redis)");
   IDEM_RETURN_IF_ERROR(CheckConsumer(c, table_at));
   if (!names.insert(c.name).second) {
     return ErrorAt(table_at, "consumer.name", Quote(c.name) + " is used by two consumers");
@@ -472,13 +503,13 @@ Top-level options (file or flag):
 
 [[consumer]] tables (file only), one thread each:
   name               required; the metrics label and the default scope
-  broker             kafka | nats | redis
+  broker             kafka | nats | redis (required)
   url                kafka: bootstrap "host:port,..."; nats: nats://host:port;
                      redis: redis://[:password@]host:port[/db]
   topics             kafka topics | redis streams | JetStream subjects (the stream's subjects
                      when it is created; the filter when there is one)
   group              kafka group | redis consumer group | JetStream durable name
-  dlq                dead-letter topic | stream | subject (required)
+  dlq                dead-letter topic | stream | subject (required; not one of topics)
   stream             nats: the JetStream stream (required); dlq_stream: its DLQ's stream
                      (default STREAM_DLQ)
   consumer_name      redis: this process's stable name in the group (default: name)
@@ -491,7 +522,8 @@ Top-level options (file or flag):
                      key_header and the attempt number in attempt_header
   handler_timeout    one bound for a call: connect, request, answer (default 10s; it may be
                      longer than lease: leases are extended while a call runs)
-  key_header         (default Idempotency-Key)    attempt_header (default Idempotency-Attempt)
+  key_header         (default Idempotency-Key)    attempt_header (default Idempotency-Attempt;
+                     not key_header)
   permanent_statuses statuses that dead-letter at once (default 400,403,404,405,410,413,415,
                      422); 2xx succeeds; any other status or no answer is retried
   forward_headers    message headers copied onto the handler's request

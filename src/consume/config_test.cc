@@ -221,6 +221,30 @@ handler = "http://h:1/"
       << ErrorOf(https);
 }
 
+// Mistakes that used to pass: no broker (it meant Kafka, which then consumed nothing from a
+// NATS or Redis URL), the attempt header named as the key header (the attempt replaced the
+// key), a DLQ that is a topic read (a poison message looped forever), a topic twice.
+TEST(ConsumeConfigTest, MistakesThatUsedToPassAreErrors) {
+  std::string no_broker(kMinimal);
+  no_broker.erase(no_broker.find("broker = \"kafka\"\n"),
+                  std::string_view("broker = \"kafka\"\n").size());
+  EXPECT_EQ(ErrorOf(no_broker), "c.toml:2: consumer.broker: missing (kafka, nats or redis)");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "attempt_header = \"idempotency-key\"\n"),
+            "c.toml:2: consumer.attempt_header: \"idempotency-key\" is key_header too: the attempt "
+            "number would replace the key on the handler's request");
+  std::string loop(kMinimal);
+  loop.replace(loop.find("\"payments.dlq\""), std::string_view("\"payments.dlq\"").size(),
+               "\"payments\"");
+  EXPECT_EQ(
+      ErrorOf(loop),
+      "c.toml:2: consumer.dlq: \"payments\" is also one of the topics read: every dead letter "
+      "would be consumed again, and a poison message dead-lettered forever");
+  std::string twice(kMinimal);
+  twice.replace(twice.find("[\"payments\"]"), std::string_view("[\"payments\"]").size(),
+                "[\"payments\", \"orders\", \"payments\"]");
+  EXPECT_EQ(ErrorOf(twice), "c.toml:2: consumer.topics: \"payments\" is listed twice");
+}
+
 // Versioned messages: where the entity and version are, both or neither.
 TEST(ConsumeConfigTest, EntityAndVersionComeTogether) {
   auto c = ParseConsumeConfig(

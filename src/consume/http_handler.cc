@@ -21,7 +21,28 @@ using tcp = asio::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxResponseBody = 1 << 20;
+// The answer's header block may be this long (Beast's default, 8 KiB, made a handler that
+// answered 200 with a large header look like one that never answered).
+constexpr std::uint32_t kMaxResponseHeader = 64 * 1024;
 constexpr std::size_t kMaxErrorText = 512;
+
+// Why `value` cannot be sent as an HTTP field value as it is (RFC 9110 §5.5: no control bytes
+// but HTAB, and no leading or trailing whitespace, which the receiver would strip); nullopt
+// when it can. Beast writes what it is given: a CR LF in a message's key would have started a
+// header of the message's choosing in the handler's request.
+std::optional<std::string> FieldValueProblem(std::string_view value) {
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      return "holds a control byte (" + std::to_string(c) + ") at offset " + std::to_string(i);
+    }
+  }
+  if (!value.empty() && (value.front() == ' ' || value.front() == '\t' || value.back() == ' ' ||
+                         value.back() == '\t')) {
+    return std::string("begins or ends with whitespace, which HTTP strips");
+  }
+  return std::nullopt;
+}
 
 bool NameEquals(std::string_view a, std::string_view b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
@@ -37,7 +58,9 @@ std::string Excerpt(std::string_view body) {
 
 // What one exchange got.
 struct Exchanged {
-  boost::system::error_code ec{};  // why no response header arrived
+  boost::system::error_code ec{};  // why no (readable) response header arrived
+  // Some of an answer arrived (one that could not be read): the request is not sent again.
+  bool partly = false;
   // The status line and header arrived: the handler saw the request, so it is never sent again,
   // and its verdict is the status, whatever becomes of the body.
   bool answered = false;
@@ -82,15 +105,32 @@ struct HttpHandler::Impl {
     http::async_write(*stream, req, [&](boost::system::error_code e, std::size_t) { out.ec = e; });
     RunIo();
     if (out.ec) return out;
-    http::response_parser<http::string_body> parser;
-    // The header first, whatever the body's size: the verdict is in the status line.
-    parser.body_limit(boost::none);
-    http::async_read_header(*stream, buffer, parser,
-                            [&](boost::system::error_code e, std::size_t) { out.ec = e; });
-    RunIo();
-    if (out.ec) return out;
+    std::optional<http::response_parser<http::string_body>> parsing;
+    // Interim answers (100 Continue, 103 Early Hints) are read past: the verdict is the final
+    // status. Taken as final, a 103 left its request's real answer to be read as the next
+    // request's, and every verdict after it belonged to the message before.
+    for (;;) {
+      parsing.emplace();
+      parsing->header_limit(kMaxResponseHeader);
+      // The header first, whatever the body's size: the verdict is in the status line.
+      parsing->body_limit(boost::none);
+      http::async_read_header(*stream, buffer, *parsing,
+                              [&](boost::system::error_code e, std::size_t) { out.ec = e; });
+      RunIo();
+      if (out.ec) {
+        out.partly = parsing->got_some() || buffer.size() > 0;
+        return out;
+      }
+      const unsigned status = parsing->get().result_int();
+      if (status >= 200 || status == 101) break;
+    }
+    http::response_parser<http::string_body>& parser = *parsing;
     out.answered = true;
     out.status = parser.get().result_int();
+    if (out.status == 101) {  // switched protocols: no HTTP answer will follow on it
+      out.reuse = false;
+      return out;
+    }
     if (ReadBody(parser)) {
       out.reuse = parser.get().keep_alive();
       out.body = std::move(parser.get().body());
@@ -113,6 +153,24 @@ struct HttpHandler::Impl {
   }
 
   HandlerVerdict Handle(const HandlerContext& ctx, const BrokerMessage& m) {
+    // What cannot go into the request as it is fails the message for good (dead-lettered as
+    // permanent, naming why) rather than reaching the handler altered.
+    const auto unsendable = [&](std::string_view what,
+                                std::string_view value) -> std::optional<HandlerVerdict> {
+      auto problem = FieldValueProblem(value);
+      if (!problem) return std::nullopt;
+      return HandlerVerdict{
+          Verdict::kPermanent,
+          std::string(what) + " cannot be sent in an HTTP header: it " + *problem};
+    };
+    if (auto v = unsendable("the key", ctx.key)) return *v;
+    for (const auto& [name, value] : m.headers) {
+      const bool sent = NameEquals(name, "content-type") ||
+                        std::any_of(config.forward_headers.begin(), config.forward_headers.end(),
+                                    [&](const std::string& f) { return NameEquals(name, f); });
+      if (!sent) continue;
+      if (auto v = unsendable("the message's header " + name, value)) return *v;
+    }
     http::request<http::string_body> req{http::verb::post, target, 11};
     req.set(http::field::host, host_header);
     req.set(http::field::content_type, "application/json");
@@ -144,7 +202,7 @@ struct HttpHandler::Impl {
       x = Exchange(req, deadline);
       if (x.answered) break;
       stream.reset();
-      if (!reused || x.ec == beast::error::timeout) break;
+      if (!reused || x.partly || x.ec == beast::error::timeout) break;
     }
     if (!x.answered) {
       return {Verdict::kRetryable,
@@ -153,6 +211,9 @@ struct HttpHandler::Impl {
                                                  : x.ec.message())};
     }
     if (!x.reuse) stream.reset();
+    if (x.status == 101) {
+      return {Verdict::kRetryable, "handler " + config.handler + " switched protocols (101)"};
+    }
     if (x.status >= 200 && x.status <= 299) {
       return {Verdict::kSuccess, std::to_string(x.status) + " " + x.body};
     }

@@ -235,5 +235,72 @@ TEST(HttpHandlerTest, OneTimeoutBoundsTheWholeCallAReconnectIncluded) {
   EXPECT_LT(took, std::chrono::milliseconds(1'300));
 }
 
+// An interim answer (103 Early Hints) is not the verdict: the final status after it is. Taken as
+// final, it left its request's real answer to be read as the next request's.
+TEST(HttpHandlerTest, InterimAnswersAreReadPastToTheFinalStatus) {
+  HandlerServer server([](int n) {
+    const std::string early = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n";
+    return n == 0 ? early + early + Response(400, "no") : Response(200, "ok");
+  });
+  auto handler = Open(server);
+  ASSERT_NE(handler, nullptr);
+  HandlerVerdict refused = Post(*handler, "bad");
+  EXPECT_EQ(refused.verdict, Verdict::kPermanent) << refused.detail;
+  EXPECT_EQ(refused.detail, "handler answered 400: no");
+  HandlerVerdict next = Post(*handler, "good");
+  EXPECT_EQ(next.verdict, Verdict::kSuccess) << next.detail;
+  EXPECT_EQ(next.detail, "200 ok");
+  EXPECT_EQ(server.posts(), 2);
+  EXPECT_EQ(server.connections(), 1);
+}
+
+// An answer's header block up to 64 KiB is read (Beast's 8 KiB default made a 200 with a large
+// header look like no answer, and the request was sent again); a larger one is a retryable
+// failure, but the request, which the handler answered, is not sent again at once.
+TEST(HttpHandlerTest, ALargeAnswerHeaderIsReadAndOneTooLargeIsNotSentAgain) {
+  const auto with_header = [](std::size_t bytes) {
+    return "HTTP/1.1 200 OK\r\nX-Big: " + std::string(bytes, 'b') +
+           "\r\nContent-Length: 2\r\n\r\nok";
+  };
+  HandlerServer server([&](int n) {
+    return n == 0 ? Response(200, "first") : n == 1 ? with_header(20'000) : with_header(100'000);
+  });
+  auto handler = Open(server);
+  ASSERT_NE(handler, nullptr);
+  EXPECT_EQ(Post(*handler, "first").verdict, Verdict::kSuccess);
+  HandlerVerdict big = Post(*handler, "big");
+  EXPECT_EQ(big.verdict, Verdict::kSuccess) << big.detail;
+  EXPECT_EQ(server.posts(), 2);
+  HandlerVerdict huge = Post(*handler, "huge");
+  EXPECT_EQ(huge.verdict, Verdict::kRetryable) << huge.detail;
+  EXPECT_EQ(server.posts(), 3);
+}
+
+// What an HTTP header cannot carry as it is fails the message for good, without a request: a
+// key with CR LF would have added a header of the message's choosing to the request, one with
+// spaces around it would have reached the handler trimmed, unlike the key stored.
+TEST(HttpHandlerTest, KeysAndHeadersAnHttpHeaderCannotCarryArePermanentFailures) {
+  HandlerServer server([](int) { return Response(200, "ok"); });
+  auto handler = Open(server);
+  ASSERT_NE(handler, nullptr);
+  for (const std::string& key :
+       {std::string("k3\r\nX-Injected: yes"), std::string("  k5  "), std::string("nul\0byte", 8)}) {
+    HandlerVerdict v = Post(*handler, key);
+    EXPECT_EQ(v.verdict, Verdict::kPermanent) << key;
+    EXPECT_NE(v.detail.find("the key cannot be sent in an HTTP header"), std::string::npos)
+        << v.detail;
+  }
+  BrokerMessage message{.partition = "p0",
+                        .position = "0",
+                        .payload = "{}",
+                        .headers = {{"Content-Type", "application/json\r\nX-Evil: 1"}}};
+  HandlerContext context{.scope = "payments", .key = "k", .attempt = 1, .token = 1};
+  HandlerVerdict v = handler->Handle(context, message);
+  EXPECT_EQ(v.verdict, Verdict::kPermanent);
+  EXPECT_NE(v.detail.find("Content-Type"), std::string::npos) << v.detail;
+  EXPECT_EQ(server.posts(), 0);
+  EXPECT_EQ(Post(*handler, "fine\tkey").verdict, Verdict::kSuccess);  // HTAB inside is allowed
+}
+
 }  // namespace
 }  // namespace idem::consume

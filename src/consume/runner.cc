@@ -178,7 +178,7 @@ int RunConsume(int argc, char** argv) {
   if (!store) {
     std::cerr << "idemd consume: cannot open the store '" << core::RedactUrlPassword(config.store)
               << "': " << store.error().ToString() << "\n";
-    return kExitRuntime;
+    return store.error().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitRuntime;
   }
   Registry registry;
   std::vector<std::unique_ptr<Running>> running;

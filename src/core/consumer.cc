@@ -515,8 +515,11 @@ struct Consumer::Impl {
       }
       if (stop.load()) return Ran::kUnsettled;
       ++retry;
-      Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
       SleepHolding(Backoff(retry, rng), items, leases_from);
+      // Stop() cuts the backoff short: the retry is not run then (it would run at once, and
+      // could even dead-letter the message while the consumer stops).
+      if (stop.load()) return Ran::kUnsettled;
+      Count(&ConsumerCounts::retries, &ConsumerMetrics::retries);
       ++attempt;
     }
   }

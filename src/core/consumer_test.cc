@@ -1131,6 +1131,43 @@ TEST_P(ConsumerTest, StopEndsRunAndReleasesKeysNotRun) {
   EXPECT_FALSE(rec->has_value());
 }
 
+// Stop() during a retry's backoff ends the wait without running the retry: it used to run at
+// once, and with no attempts left dead-lettered the message as the consumer stopped.
+TEST_P(ConsumerTest, StopDuringABackoffRunsNoRetry) {
+  broker_.PublishKeyed("p0", "flaky");
+  auto options = Options();
+  options.clock = nullptr;  // real waits, which Stop() cuts short
+  options.backoff = milliseconds(5'000);
+  options.max_backoff = milliseconds(5'000);
+  options.jitter = 0;
+  options.max_attempts = 2;
+  std::atomic<int> calls{0};
+  Consumer consumer(
+      *store_, broker_,
+      [&](const HandlerContext&, const BrokerMessage&) -> HandlerVerdict {
+        ++calls;
+        return {Verdict::kRetryable, "try later"};
+      },
+      options);
+  const auto started = std::chrono::steady_clock::now();
+  std::thread run([&] { consumer.Run(); });
+  while (calls.load() == 0 &&
+         std::chrono::steady_clock::now() - started < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // well inside the 5 s backoff
+  consumer.Stop();
+  run.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(4));
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_TRUE(broker_.DeadLetters().empty());
+  EXPECT_TRUE(broker_.Acknowledged().empty());
+  EXPECT_EQ(consumer.counts().retries, 0u);
+  auto rec = store_->Get("payments", "flaky");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_FALSE(rec->has_value()) << "the key was not released";
+}
+
 TEST_P(ConsumerTest, AdjacentBatchesSharingKeysRunEachKeyOnceInOrder) {
   // Copies of a key a few messages later land in the next batch, which (pipelined) is polled
   // while the first copy's completion is still being stored.

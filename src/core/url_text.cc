@@ -1,21 +1,33 @@
 #include "core/url_text.h"
 
+#include <algorithm>
+
 namespace idem::core {
 
 std::string RedactUrlPassword(std::string_view url) {
-  const auto scheme_end = url.find("://");
-  if (scheme_end == std::string_view::npos) return std::string(url);
-  const std::size_t start = scheme_end + 3;
-  // The user info ends at the last '@' of the authority (which a path or query ends).
-  const auto authority_end = url.find_first_of("/?#", start);
-  const std::string_view authority = url.substr(start, authority_end - start);
-  const auto at = authority.rfind('@');
-  if (at == std::string_view::npos) return std::string(url);
-  const auto colon = authority.substr(0, at).find(':');
-  if (colon == std::string_view::npos) return std::string(url);
-  std::string out(url.substr(0, start + colon + 1));
-  out += "***";
-  out += url.substr(start + at);
+  std::string out(url);
+  const auto scheme_end = out.find("://");
+  if (scheme_end != std::string::npos) {
+    const std::size_t start = scheme_end + 3;
+    // The user info ends at the URL's last '@', not at the first '/', '?' or '#': a password may
+    // hold those (a Redis URL takes "redis://:pa#ss@host" as it is, and one like ":pa/ss@host"
+    // is echoed in the error that refuses it). A '@' further on (in a query) makes this hide
+    // more than the password, never less.
+    const auto at = out.rfind('@');
+    if (at != std::string::npos && at > start) {
+      const auto colon = out.find(':', start);
+      if (colon < at) out.replace(colon + 1, at - colon - 1, "***");
+    }
+  }
+  // A password as a query parameter (libpq takes "?password=...").
+  constexpr std::string_view kParameter = "password=";
+  for (std::size_t at = out.find(kParameter); at != std::string::npos;
+       at = out.find(kParameter, at + 1)) {
+    if (at == 0 || (out[at - 1] != '?' && out[at - 1] != '&')) continue;
+    const std::size_t value = at + kParameter.size();
+    const std::size_t end = std::min(out.find('&', value), out.size());
+    out.replace(value, end - value, "***");
+  }
   return out;
 }
 

@@ -13,11 +13,24 @@ TEST(RedactUrlPasswordTest, HidesThePasswordOnly) {
             "redis+cluster://u:***@h1:1,h2:2?prefix=a:");
   // An '@' inside the password: the user info ends at the last '@' of the authority.
   EXPECT_EQ(RedactUrlPassword("postgres://u:a@b@db/x"), "postgres://u:***@db/x");
+  // '#', '/' and '?' in a password (a Redis URL takes the first as it is; the others make a URL
+  // whose error message echoes it).
+  EXPECT_EQ(RedactUrlPassword("redis://:wrong#pass@127.0.0.1:6379"), "redis://:***@127.0.0.1:6379");
+  EXPECT_EQ(RedactUrlPassword("redis://:s3cr#t/x@h:1"), "redis://:***@h:1");
+  EXPECT_EQ(RedactUrlPassword("redis://:wrong?pass@h:1"), "redis://:***@h:1");
+  // A '@' in a query hides more than the password, never less.
+  EXPECT_EQ(RedactUrlPassword("redis://h:1/0?prefix=user:pw@x"), "redis://h:***@x");
+  // libpq's password parameter.
+  EXPECT_EQ(RedactUrlPassword("postgres://app@db/x?password=topsecret&sslmode=require"),
+            "postgres://app@db/x?password=***&sslmode=require");
+  EXPECT_EQ(RedactUrlPassword("postgres://db/x?sslmode=require&password=p"),
+            "postgres://db/x?sslmode=require&password=***");
 }
 
 TEST(RedactUrlPasswordTest, LeavesUrlsWithoutAPasswordAlone) {
-  for (const char* url : {"postgres://app@db/x", "redis://127.0.0.1:6379", "log:/var/lib/idem",
-                          "memory:", "redis://h:1/0?prefix=user:pw@x", ""}) {
+  for (const char* url :
+       {"postgres://app@db/x", "redis://127.0.0.1:6379", "log:/var/lib/idem",
+        "memory:", "redis://h:1/0?prefix=pw", "postgres://db/x?old_password=1", ""}) {
     EXPECT_EQ(RedactUrlPassword(url), url);
   }
 }

@@ -61,7 +61,9 @@ int Run(int argc, char** argv) {
   if (!store) {
     std::cerr << "idemd: cannot open the store '" << idem::core::RedactUrlPassword(config.store)
               << "': " << store.error().ToString() << "\n";
-    return kExitRuntime;
+    // Options only the open could check (a database the server refuses, a cluster node given
+    // as redis://, libpq's own values) are the configuration's fault.
+    return store.error().code() == idem::StatusCode::kInvalidArgument ? kExitUsage : kExitRuntime;
   }
   idem::Registry registry;
   auto server = idem::gateway::Server::Start(config, **store, registry);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -500,6 +501,20 @@ TEST_F(LogStoreCliTest, BadStoreUrlsAreRefusedClearly) {
   r = RunIdem({"stats", "log:" + dir_.string()});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_THAT(r.err, HasSubstr("no .log or .snap files"));
+}
+
+// What only the server can refuse in a URL (a database it does not have, a password it does not
+// take) is still the command line's fault: exit 2, and the password is not printed, even one
+// with a '#' in it.
+TEST_F(CliTest, RedisUrlPartsTheServerRefusesAreUsageErrors) {
+  const char* at = std::getenv("IDEM_TEST_REDIS");
+  ASSERT_NE(at, nullptr) << "IDEM_TEST_REDIS is not set: run under scripts/test.sh";
+  ProcessRun r = RunIdem({"stats", std::string("redis://") + at + "/99"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("DB index"));
+  r = RunIdem({"stats", std::string("redis://:wr#ong@") + at});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("AUTH"), HasSubstr(":***@"), Not(HasSubstr("wr#ong"))));
 }
 
 TEST_F(LogStoreCliTest, AStoreOpenInAnotherProcessIsRefused) {

@@ -65,7 +65,7 @@ struct PostgresStoreOptions {
   // the reaper. A caller that finds all of them busy waits up to connect_timeout.
   std::size_t max_transactions = 16;
   Clock* clock = nullptr;  // nullptr: Clock::System(). Must outlive the store.
-  std::size_t max_key_bytes = kDefaultMaxKeyBytes;
+  std::size_t max_key_bytes = kDefaultMaxKeyBytes;  // at most kMaxPostgresKeyBytes
   // An IN_PROGRESS record whose lease ran out stays this long (for a takeover with
   // attempt+1) before it is reclaimed as abandoned.
   std::chrono::milliseconds abandoned_retention{24 * 3600 * 1000};
@@ -89,6 +89,10 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url);
 
 // The schema version this build of idem reads and writes.
 inline constexpr int kPostgresSchemaVersion = 1;
+
+// The longest key (and client id, and entity) the PostgreSQL store takes: a btree index row
+// holds at most 2704 bytes, and a key's row holds its scope (up to 255 bytes) too.
+inline constexpr std::size_t kMaxPostgresKeyBytes = 2048;
 
 // Creates the schema, its tables, the token sequence, the functions and the version row, or
 // brings an existing schema of this version up to date (functions are replaced). Idempotent and

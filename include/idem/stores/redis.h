@@ -66,17 +66,23 @@ struct RedisStoreOptions {
   std::string password;
   // Single node only: the database number (SELECT).
   int database = 0;
+  // Every record has a TTL, so a Redis whose maxmemory-policy evicts (volatile-*, allkeys-*)
+  // may drop completed keys under memory pressure, and their next delivery runs again. Open
+  // refuses such a node (kFailedPrecondition) unless this is set.
+  bool allow_eviction = false;
 };
 
 // redis://[[user]:password@]host[:port][/db][?opt=value&...]
 // redis+cluster://[[user]:password@]host[:port],host[:port],...[?opt=value&...]
 // Options: prefix, connect_timeout_ms, timeout_ms, connections, wait_replicas,
-// wait_timeout_ms, abandoned_retention_ms, max_key_bytes. The port defaults to 6379.
+// wait_timeout_ms, abandoned_retention_ms, max_key_bytes, allow_eviction (0 or 1). The port
+// defaults to 6379.
 // kInvalidArgument naming the part that is wrong.
 Result<RedisStoreOptions> ParseRedisStoreUrl(std::string_view url);
 
 // Connects (for a cluster: reads the slot map). kUnavailable naming the addresses when no
-// node answers; kInvalidArgument for bad options.
+// node answers; kInvalidArgument for bad options (or a database the server refuses);
+// kFailedPrecondition for a node whose maxmemory-policy evicts (see allow_eviction).
 Result<std::unique_ptr<Store>> OpenRedisStore(const RedisStoreOptions& options);
 
 }  // namespace idem

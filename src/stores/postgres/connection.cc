@@ -190,8 +190,12 @@ Result<std::unique_ptr<Connection>> Connection::Open(const std::string& conninfo
   if (PQsetnonblocking(raw, 1) != 0) {
     return UnavailableError("cannot connect to PostgreSQL: " + ConnectionError(raw));
   }
-  auto set =
-      c->Exec("SET statement_timeout = " + std::to_string(statement_timeout.count()), deadline);
+  // idem's statements are written for READ COMMITTED (a begin that meets a concurrent insert
+  // of its key waits for it and reads it): a database or role that defaults to serializable
+  // would fail them with serialization errors under contention instead.
+  auto set = c->Exec("SET statement_timeout = " + std::to_string(statement_timeout.count()) +
+                         "; SET default_transaction_isolation = 'read committed'",
+                     deadline);
   if (!set) return set.error();
   return c;
 }

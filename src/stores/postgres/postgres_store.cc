@@ -211,6 +211,11 @@ Status CheckOptions(const PostgresStoreOptions& o) {
   if (o.connect_timeout.count() <= 0 || o.statement_timeout.count() <= 0) {
     return InvalidArgumentError("connect_timeout and statement_timeout must be positive");
   }
+  if (o.max_key_bytes > kMaxPostgresKeyBytes) {
+    return InvalidArgumentError("max_key_bytes " + std::to_string(o.max_key_bytes) + " is above " +
+                                std::to_string(kMaxPostgresKeyBytes) +
+                                ", the longest key a PostgreSQL index row holds with its scope");
+  }
   return core::CheckAbandonedRetention(o.abandoned_retention);
 }
 
@@ -261,10 +266,12 @@ PostgresStore::~PostgresStore() {
 
 Result<std::unique_ptr<Store>> PostgresStore::Open(const PostgresStoreOptions& options) {
   IDEM_RETURN_IF_ERROR(CheckOptions(options));
-  const Deadline deadline = DeadlineIn(options.connect_timeout + options.statement_timeout);
-  auto conn =
-      Connection::Open(options.conninfo, deadline, ServerTimeout(options.statement_timeout));
+  // The connection within connect_timeout, as every call's; then the schema's checks within
+  // statement_timeout.
+  auto conn = Connection::Open(options.conninfo, DeadlineIn(options.connect_timeout),
+                               ServerTimeout(options.statement_timeout));
   if (!conn) return conn.error();
+  const Deadline deadline = DeadlineIn(options.statement_timeout);
   auto version = ReadVersion(**conn, options.schema, deadline);
   if (!version) return version.error();
   if (!*version) return FailedPreconditionError(MissingSchema(options.schema));
@@ -274,7 +281,12 @@ Result<std::unique_ptr<Store>> PostgresStore::Open(const PostgresStoreOptions& o
   }
   // Prepare once here too, so that a damaged schema is reported at open, not at the first call.
   auto store = std::make_unique<PostgresStore>(options, Statements(options.schema));
-  IDEM_RETURN_IF_ERROR((*conn)->EnterPipeline(store->statements_, deadline));
+  if (Status s = (*conn)->EnterPipeline(store->statements_, deadline); !s.ok()) {
+    if (s.code() != StatusCode::kInternal) return s;  // the server went away: kUnavailable
+    return FailedPreconditionError("schema \"" + options.schema +
+                                   "\" does not have idem's tables as this idem made them (" +
+                                   s.message() + "); was it changed by hand?");
+  }
   store->pool_.Add(std::move(*conn));
   return std::unique_ptr<Store>(std::move(store));
 }
@@ -996,6 +1008,20 @@ Status InitPostgresSchema(const PostgresStoreOptions& options) {
       const int v = std::atoi(version.c_str());
       return FailedPreconditionError(pg::OtherVersion(options.schema, v) +
                                      "; this idem does not change another version's schema");
+    }
+  } else {
+    // No idem version here: a table of idem's name that exists already is someone else's (or
+    // its version row was deleted), and CREATE TABLE IF NOT EXISTS would keep it, so every
+    // open would then fail to prepare idem's statements.
+    auto tables = c.Exec(pg::ForeignTablesQuery(options.schema), deadline);
+    if (!tables) return tables.error();
+    if (*tables != nullptr && PQntuples(tables->get()) == 1 && !PQgetisnull(tables->get(), 0, 0)) {
+      const std::string names = PQgetvalue(tables->get(), 0, 0);
+      (void)c.Exec("ROLLBACK", deadline);
+      return FailedPreconditionError(
+          "schema \"" + options.schema + "\" already has tables named " + names +
+          " but no idem schema version: they are not idem's (or its version was deleted); "
+          "nothing was changed. Give idem a schema of its own (?schema=NAME in the URL)");
     }
   }
   auto body = c.Exec(pg::SchemaBody(options.schema), deadline);

@@ -183,6 +183,63 @@ TEST(PostgresSchemaTest, AnotherVersionIsRefusedNamingBoth) {
   EXPECT_THAT(PostgresSchemaVersion(*o), HoldsValue(Optional(7)));
 }
 
+// A schema that already holds a table of idem's name that idem did not make: init refuses and
+// changes nothing (it used to report success, keep the foreign table, and leave every open to
+// fail with kInternal); an idem table changed by hand is refused at open as a damaged schema.
+TEST(PostgresSchemaTest, ForeignTablesAreRefusedNotAdopted) {
+  auto conninfo = pg::testing::TestConninfo();
+  ASSERT_TRUE(conninfo.has_value()) << conninfo.error().ToString();
+  PostgresStoreOptions o;
+  o.conninfo = *conninfo;
+  o.schema = pg::testing::FreshSchemaName();
+  o.reclaim_interval = 0ms;
+  ASSERT_TRUE(SqlValue(o.conninfo, "CREATE SCHEMA \"" + o.schema + "\"; CREATE TABLE \"" +
+                                       o.schema +
+                                       "\".records (id serial PRIMARY KEY, note text); SELECT 1")
+                  .has_value());
+  EXPECT_THAT(InitPostgresSchema(o),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("records"), HasSubstr("not idem's"), HasSubstr(o.schema))));
+  EXPECT_THAT(PostgresSchemaVersion(o), HoldsValue(std::optional<int>()));  // nothing changed
+
+  auto ours = FreshStoreOptions();
+  ASSERT_TRUE(ours.has_value()) << ours.error().ToString();
+  ASSERT_TRUE(SqlValue(ours->conninfo, "ALTER TABLE \"" + ours->schema +
+                                           "\".records RENAME COLUMN scope "
+                                           "TO tenant; SELECT 1")
+                  .has_value());
+  EXPECT_THAT(OpenPostgresStore(*ours),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(ours->schema), HasSubstr("changed by hand"))));
+}
+
+// Keys up to kMaxPostgresKeyBytes fit an index row with the longest scope; longer limits are
+// refused when the URL is read and when the store opens (a 3000-byte key used to fail the call
+// with kInternal from the index).
+TEST(PostgresSchemaTest, TheKeyLimitFitsAnIndexRow) {
+  EXPECT_THAT(ParsePostgresStoreUrl("postgres://h/db?max_key_bytes=3000"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("max_key_bytes")));
+  auto o = FreshStoreOptions();
+  ASSERT_TRUE(o.has_value()) << o.error().ToString();
+  o->max_key_bytes = kMaxPostgresKeyBytes + 1;
+  EXPECT_THAT(OpenPostgresStore(*o),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("max_key_bytes")));
+  o->max_key_bytes = kMaxPostgresKeyBytes;
+  auto store = OpenPostgresStore(*o);
+  ASSERT_TRUE(store.has_value()) << store.error().ToString();
+  const std::string scope(kMaxScopeBytes, 's');
+  // Incompressible bytes, so that the index row is as long as the key.
+  std::string key;
+  std::mt19937 rng(7);
+  for (std::size_t i = 0; i < kMaxPostgresKeyBytes; ++i)
+    key.push_back(static_cast<char>('!' + rng() % 90));
+  const Acquired a = ExpectAcquired((*store)->Begin({.scope = scope, .key = key}));
+  EXPECT_THAT((*store)->Complete({.scope = scope, .key = key, .token = a.token}), IsApplied());
+  const std::string entity = key;
+  auto v = (*store)->BeginVersioned({.scope = scope, .entity = entity, .version = 1});
+  ASSERT_TRUE(v.has_value()) << v.error().ToString();
+}
+
 TEST(PostgresSchemaTest, NoServerIsUnavailable) {
   PostgresStoreOptions o;
   o.conninfo = "postgres://postgres@127.0.0.1:1/idem";  // nothing listens on port 1
@@ -652,11 +709,14 @@ TEST_F(PostgresFailClosedTest, ServerThatStopsAnsweringIsUnavailableWithinTheTim
   // `idem store init` and the schema check at open: the connection is not made within
   // connect_timeout, so they fail then (they once waited a minute more, the schema changes'
   // own bound).
-  for (const bool init : {true, false}) {
+  for (const char* what : {"init", "version", "open"}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Status s = init ? InitPostgresSchema(options_) : PostgresSchemaVersion(options_).status();
+    const Status s = what == std::string_view("init") ? InitPostgresSchema(options_)
+                     : what == std::string_view("version")
+                         ? PostgresSchemaVersion(options_).status()
+                         : OpenPostgresStore(options_).status();
     EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, kTimeout + 1s) << (init ? "init" : "version");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, kTimeout + 1s) << what;
   }
   ASSERT_TRUE(server_->Thaw().ok());
   ExpectRecoveryWithoutReopening("thawed-");

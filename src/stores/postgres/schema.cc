@@ -438,6 +438,14 @@ std::string SchemaBody(std::string_view schema) {
                     schema);
 }
 
+std::string ForeignTablesQuery(std::string_view schema) {
+  // (The schema name is checked: lower-case letters, digits and '_'.)
+  return "SELECT string_agg(table_name::text, ', ' ORDER BY table_name) FROM "
+         "information_schema.tables WHERE table_schema = '" +
+         std::string(schema) +
+         "' AND table_name IN ('records', 'sessions', 'seq_records', 'entities')";
+}
+
 std::string VersionQuery(std::string_view schema) {
   return WithSchema("SELECT value FROM {S}.meta WHERE name = 'schema_version'", schema);
 }

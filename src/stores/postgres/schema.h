@@ -42,6 +42,8 @@ std::string SchemaPrologue(std::string_view schema);
 std::string SchemaBody(std::string_view schema);
 // Reads the version row: one row, one text column, or no rows; 42P01/3F000 when missing.
 std::string VersionQuery(std::string_view schema);
+// The names of idem's tables that already exist in `schema` (one text, NULL when none).
+std::string ForeignTablesQuery(std::string_view schema);
 
 // What every connection prepares. Names are fixed; the SQL names the schema.
 std::vector<Statement> Statements(std::string_view schema);

@@ -71,7 +71,7 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
         if (!v) return v.error();
         o.max_transactions = *v;
       } else if (name == "max_key_bytes") {
-        auto v = ParseCount(name, value, 1, 65535);
+        auto v = ParseCount(name, value, 1, kMaxPostgresKeyBytes);
         if (!v) return v.error();
         o.max_key_bytes = *v;
       } else if (name == "reclaim_batch") {

@@ -239,7 +239,7 @@ Status Connection::Connect(Clock::time_point deadline) {
     Result<Reply> r = ReadReply(hello_deadline);
     if (!r.has_value()) return r.error();
     if ((*r)->type == REDIS_REPLY_ERROR) {
-      const Status s = Error("AUTH/SELECT refused: " + Describe(**r));
+      const Status s = Error(std::string(kHelloRefused) + Describe(**r));
       Close();
       return s;
     }

@@ -162,6 +162,9 @@ class Node {
 // Runs one call on `connection`, leading if needed. Returns once the call is done.
 void RunCall(Connection& connection, Call& call);
 
+// How a connection's error begins when the server refused its AUTH or SELECT.
+inline constexpr std::string_view kHelloRefused = "AUTH/SELECT refused: ";
+
 }  // namespace idem::redis
 
 #endif  // IDEM_STORES_REDIS_CONNECTION_H_

@@ -27,6 +27,7 @@ using redis::testing::CmdText;
 using redis::testing::Eventually;
 using redis::testing::RedisServer;
 using std::chrono::milliseconds;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::unique_ptr<Store> Open(RedisStoreOptions o) {
@@ -196,6 +197,34 @@ TEST(RedisFailClosedTest, UnexpectedRepliesAreUnavailable) {
 }
 
 // ---- WAIT -----------------------------------------------------------------------------------
+
+// Every record has a TTL, so an evicting maxmemory-policy silently forgets completed keys (an
+// audit saw 999 of 1000 acquired again after 40 000 more): such a server is refused at open,
+// unless the URL accepts it. A database the server refuses is the URL's fault.
+TEST(RedisOpenTest, AnEvictingServerIsRefusedUnlessAllowedAndABadDatabaseIsAnArgumentError) {
+  auto server = RedisServer::Start({"--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"});
+  ASSERT_TRUE(server.has_value()) << server.error().ToString();
+  RedisStoreOptions o = SingleNode(**server);
+  auto refused = OpenRedisStore(o);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.error().message(), AllOf(HasSubstr("volatile-lru"), HasSubstr("noeviction"),
+                                               HasSubstr("allow_eviction")));
+  o.allow_eviction = true;
+  auto allowed = Open(o);
+  ASSERT_NE(allowed, nullptr);
+  EXPECT_TRUE(IsAcquired(allowed->Begin({.scope = "s", .key = "k"})));
+
+  auto plain = RedisServer::Start();
+  ASSERT_TRUE(plain.has_value()) << plain.error().ToString();
+  RedisStoreOptions db = SingleNode(**plain);
+  EXPECT_NE(Open(db), nullptr);  // noeviction, Redis's default
+  db.database = 99;              // above the 16 databases a server has by default
+  auto bad = OpenRedisStore(db);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().code(), StatusCode::kInvalidArgument) << bad.error().ToString();
+  EXPECT_THAT(bad.error().message(), HasSubstr("DB index"));
+}
 
 TEST(RedisWaitTest, AnswersOnlyOnceReplicasHaveTheWrite) {
   auto master = RedisServer::Start();

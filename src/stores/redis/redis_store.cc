@@ -982,12 +982,42 @@ Result<std::string> Unescape(std::string_view url, std::string_view s) {
     }
     int v = 0;
     if (i + 2 >= s.size()) return BadUrl(url, "a '%' escape is cut short");
+    // Two hex digits (from_chars would also take a sign: "%-1").
+    const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+    if (!hex(s[i + 1]) || !hex(s[i + 2])) return BadUrl(url, "a bad '%' escape");
     const auto [end, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
     if (ec != std::errc() || end != s.data() + i + 3) return BadUrl(url, "a bad '%' escape");
     out.push_back(static_cast<char>(v));
     i += 2;
   }
   return out;
+}
+
+// Every record has a TTL: a node whose maxmemory-policy evicts keys with one (volatile-*) or any
+// (allkeys-*) would forget completed keys under memory pressure, silently, and run their next
+// delivery again. One whose policy cannot be read (INFO renamed away) is taken as it is.
+Status RefuseEviction(redis::Router& router) {
+  auto masters = router.Masters();
+  if (!masters) return masters.error();
+  for (redis::Node* node : *masters) {
+    Result<redis::Reply> info =
+        router.RunOn(*node, redis::Command().Arg("INFO").Arg("memory").Take());
+    if (!info) return info.error();
+    if ((*info)->type != REDIS_REPLY_STRING) continue;
+    const std::string_view text((*info)->str, (*info)->len);
+    constexpr std::string_view kField = "maxmemory_policy:";
+    const std::size_t at = text.find(kField);
+    if (at == std::string_view::npos) continue;
+    std::string_view policy = text.substr(at + kField.size());
+    policy = policy.substr(0, policy.find_first_of("\r\n"));
+    if (policy == "noeviction") continue;
+    return FailedPreconditionError(
+        "redis " + node->endpoint().ToString() + ": maxmemory-policy is " + std::string(policy) +
+        ", so under memory pressure Redis drops idem's records (each has a TTL) and their keys "
+        "run again. Set maxmemory-policy noeviction (a full Redis then fails closed), or add "
+        "allow_eviction=1 to the store URL to accept that");
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -1091,18 +1121,22 @@ Result<RedisStoreOptions> ParseRedisStoreUrl(std::string_view url) {
       if (!n) return n.error();
       o.wait_timeout = milliseconds(*n);
     } else if (name == "abandoned_retention_ms") {
-      auto n = number(1, 100 * 366 * kDay);
+      auto n = number(1, core::kMaxDuration.count());
       if (!n) return n.error();
       o.abandoned_retention = milliseconds(*n);
     } else if (name == "max_key_bytes") {
       auto n = number(1, 65535);
       if (!n) return n.error();
       o.max_key_bytes = static_cast<std::size_t>(*n);
+    } else if (name == "allow_eviction") {
+      auto n = number(0, 1);
+      if (!n) return n.error();
+      o.allow_eviction = *n == 1;
     } else {
       return BadUrl(url, "unknown option \"" + std::string(name) +
                              "\" (known: prefix, connect_timeout_ms, timeout_ms, connections, "
                              "wait_replicas, wait_timeout_ms, abandoned_retention_ms, "
-                             "max_key_bytes)");
+                             "max_key_bytes, allow_eviction)");
     }
   }
   return o;
@@ -1141,7 +1175,15 @@ Result<std::unique_ptr<Store>> OpenRedisStore(const RedisStoreOptions& options) 
     r.seeds.push_back(std::move(*e));
   }
   auto router = redis::Router::Open(r);
-  if (!router.has_value()) return router.error();
+  if (!router.has_value()) {
+    // A wrong password or database, at open, is the URL's fault (idemd exits 2); later the
+    // same refusal fails a call closed (kUnavailable), like any node that does not serve.
+    if (router.error().message().find(redis::kHelloRefused) != std::string::npos) {
+      return InvalidArgumentError(router.error().message());
+    }
+    return router.error();
+  }
+  if (!options.allow_eviction) IDEM_RETURN_IF_ERROR(RefuseEviction(**router));
   return std::unique_ptr<Store>(std::make_unique<RedisStore>(options, std::move(*router)));
 }
 

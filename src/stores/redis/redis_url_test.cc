@@ -45,7 +45,7 @@ TEST(RedisUrlTest, EveryOption) {
   auto o = ParseRedisStoreUrl(
       "redis://app:s%40cret@h:1?prefix=idem%3A&connect_timeout_ms=250&timeout_ms=500"
       "&connections=4&wait_replicas=1&wait_timeout_ms=300&abandoned_retention_ms=60000"
-      "&max_key_bytes=64");
+      "&max_key_bytes=64&allow_eviction=1");
   ASSERT_TRUE(o.has_value()) << o.error().ToString();
   EXPECT_EQ(o->user, "app");
   EXPECT_EQ(o->password, "s@cret");
@@ -57,6 +57,8 @@ TEST(RedisUrlTest, EveryOption) {
   EXPECT_EQ(o->wait_timeout, milliseconds(300));
   EXPECT_EQ(o->abandoned_retention, milliseconds(60000));
   EXPECT_EQ(o->max_key_bytes, 64u);
+  EXPECT_TRUE(o->allow_eviction);
+  EXPECT_FALSE(ParseRedisStoreUrl("redis://h:1")->allow_eviction);
 
   auto p = ParseRedisStoreUrl("redis://:pw@h:1");
   ASSERT_TRUE(p.has_value());
@@ -84,6 +86,10 @@ TEST(RedisUrlTest, MalformedPartsAreNamed) {
       {"redis://pw@h:1", ":PASSWORD@"},
       {"redis://:@h:1", "empty password"},
       {"redis://:p%4@h:1", "escape"},
+      {"redis://:%-1@h:1", "escape"},        // from_chars would take the sign
+      {"redis://:s3cr#t/x@h:1", "no host"},  // a password the echo must not show
+      {"redis://h:1?abandoned_retention_ms=3153600000000", "abandoned_retention_ms="},
+      {"redis://h:1?allow_eviction=yes", "allow_eviction=yes"},
       {"redis://h:1?", "empty query"},
       {"redis://h:1?timeout_ms", "not NAME=VALUE"},
       {"redis://h:1?=5", "not NAME=VALUE"},
