@@ -71,6 +71,10 @@ void RunLoop(Running& r, Log& log) {
   while (!r.consumer->stopping()) {
     auto n = r.consumer->RunOnce();
     if (n) {
+      // A round that polled nothing touched neither the store nor the handler: it says
+      // nothing about what failed before (logging "recovered" then made a store that was
+      // still down flap between failed and recovered, with no backoff).
+      if (*n == 0) continue;
       if (failures > 0) log.Write("info", "consumer=" + r.config.name + " event=recovered");
       failures = 0;
       last_error.clear();
@@ -78,8 +82,9 @@ void RunLoop(Running& r, Log& log) {
     }
     const std::string error = n.error().ToString();
     if (error != last_error) {
-      log.Write("warn", "consumer=" + r.config.name + " event=round_failed error=\"" + error +
-                            "\" (nothing unsettled was acknowledged; retrying)");
+      std::string line = "consumer=" + r.config.name + " event=round_failed error=";
+      core::AppendLogQuoted(line, error);
+      log.Write("warn", line + " (nothing unsettled was acknowledged; retrying)");
       last_error = error;
     }
     ++failures;

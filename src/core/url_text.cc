@@ -31,4 +31,23 @@ std::string RedactUrlPassword(std::string_view url) {
   return out;
 }
 
+void AppendLogQuoted(std::string& line, std::string_view value) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  line += '"';
+  for (const char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      line += '\\';
+      line += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      line += "\\x";
+      line += kHex[u >> 4];
+      line += kHex[u & 0xf];
+    } else {
+      line += c;
+    }
+  }
+  line += '"';
+}
+
 }  // namespace idem::core

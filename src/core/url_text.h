@@ -12,6 +12,11 @@ namespace idem::core {
 // "postgres://app:s3cret@db/x" -> "postgres://app:***@db/x". Anything else is returned as is.
 std::string RedactUrlPassword(std::string_view url);
 
+// Appends `value` to a log line between double quotes, escaped so that no value can end its
+// field early or forge another one (a request path or an error may hold '"' and '\'): '"' and
+// '\' get a backslash, and control bytes (which would cut the line) become \xHH.
+void AppendLogQuoted(std::string& line, std::string_view value);
+
 }  // namespace idem::core
 
 #endif  // IDEM_CORE_URL_TEXT_H_

@@ -35,5 +35,11 @@ TEST(RedactUrlPasswordTest, LeavesUrlsWithoutAPasswordAlone) {
   }
 }
 
+TEST(AppendLogQuotedTest, NoValueCanEndItsFieldOrTheLine) {
+  std::string line = "error=";
+  AppendLogQuoted(line, "say \"hi\" \\ then\r\nforged=1");
+  EXPECT_EQ(line, R"(error="say \"hi\" \\ then\x0d\x0aforged=1")");
+}
+
 }  // namespace
 }  // namespace idem::core

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "core/thread_name.h"
+#include "core/url_text.h"
 #include "gateway/admin.h"
 #include "gateway/asio_parts.h"
 #include "gateway/rules.h"
@@ -91,30 +92,11 @@ void Append(std::string& out, T v) {
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   out.append(buf, end);
 }
-// A log value between double quotes, escaped so that no value can end its field early or
-// forge another one (a request path may hold '"' and '\'): '"' and '\' get a backslash, and
-// control bytes (which would cut the line) become \xHH.
+// A log value between double quotes, escaped (core::AppendLogQuoted).
 struct Quoted {
   std::string_view value;
 };
-void Append(std::string& out, Quoted q) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out += '"';
-  for (const char c : q.value) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20 || u == 0x7f) {
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0xf];
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-}
+void Append(std::string& out, Quoted q) { core::AppendLogQuoted(out, q.value); }
 template <class... Parts>
 std::string Cat(const Parts&... parts) {
   std::string out;
