@@ -84,6 +84,19 @@ struct Message {
   // may take the version over.
   std::string_view entity{};
   std::uint64_t version = 0;  // above 0 when entity is given
+  // A message of a client session (SPEC §4) is gated by the client's numbers instead of a key:
+  // request `seq` (1, 2, 3, ...) of `client_id`, whose session the caller opened with
+  // Store::OpenSession, acknowledging every number up to `ack` (0: none) first. It runs once;
+  // its outcome is replayed to a duplicate until the client acknowledges it (whatever
+  // `retention`); a number at or below the acknowledged one is kStale. An unknown or expired
+  // session is kFailedPrecondition (open it again), a number past the window
+  // kResourceExhausted: both errors, never an execution. Busy follows busy_policy (kCoalesce
+  // waits as kWait); the fingerprint, when configured, makes a reused number with another
+  // payload a kConflict. The handler's key is "CLIENT#SEQ". Sessions have no lease
+  // extension: the handler must end within `lease`.
+  std::string_view client_id{};
+  std::uint64_t seq = 0;
+  std::uint64_t ack = 0;
 };
 
 struct ReceiverOptions {
@@ -179,6 +192,7 @@ class Receiver {
   Result<Delivered> Run(std::string key, const std::optional<Fingerprint>& fp,
                         const Message& message, const Handler& handler);
   Result<Delivered> RunVersioned(const Message& message, const Handler& handler);
+  Result<Delivered> RunSequenced(const Message& message, const Handler& handler);
   Result<Delivered> Execute(std::string key, const Acquired& acquired, const Message& message,
                             const Handler& handler);
   // Runs the handler (holding its lease in `keeper` when not null), timed.

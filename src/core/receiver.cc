@@ -311,7 +311,13 @@ Result<std::string_view> Receiver::KeyOf(const Message& message, std::string& st
 
 Result<Delivered> Receiver::Receive(const Message& message, const Handler& handler) {
   if (!options_status_.ok()) return options_status_;
-  if (!message.entity.empty() || message.version != 0) return RunVersioned(message, handler);
+  const bool versioned = !message.entity.empty() || message.version != 0;
+  const bool sequenced = !message.client_id.empty() || message.seq != 0 || message.ack != 0;
+  if (versioned && sequenced) {
+    return InvalidArgumentError("a message names an entity version or a client's number, not both");
+  }
+  if (versioned) return RunVersioned(message, handler);
+  if (sequenced) return RunSequenced(message, handler);
   auto fp = FingerprintOf(message);
   if (!fp) return fp.error();
   auto key = KeyOf(message);
@@ -430,6 +436,62 @@ Result<Delivered> Receiver::RunVersioned(const Message& message, const Handler& 
       [&](const HandlerResult&) { return store_.ReleaseVersioned(options_.scope, entity, token); },
       [&](const HandlerResult&, std::chrono::milliseconds retention) {
         return store_.CompleteVersioned({options_.scope, entity, token, retention});
+      });
+}
+
+Result<Delivered> Receiver::RunSequenced(const Message& message, const Handler& handler) {
+  if (message.client_id.empty() || message.seq == 0) {
+    return InvalidArgumentError("a client's message names a client id and a number above 0");
+  }
+  auto fp = FingerprintOf(message);
+  if (!fp) return fp.error();
+  const SequencedBeginRequest req{options_.scope, message.client_id, message.seq, message.ack, *fp,
+                                  options_.lease};
+  Metrics* m = options_.metrics;
+  auto answer = core::BeginWaitingOutBusy(clock_, options_, [&] {
+    Stopwatch sw;
+    auto a = store_.BeginSequenced(req);
+    if (m == nullptr) return a;
+    m->store_begin_seconds->ObserveDuration(sw.Elapsed());
+    if (a) {
+      if (options_.busy_policy == BusyPolicy::kReject || !std::holds_alternative<Busy>(*a)) {
+        CountBegin(*m, a);
+      }
+    } else if (a.error().code() != StatusCode::kFailedPrecondition &&
+               a.error().code() != StatusCode::kResourceExhausted) {
+      CountBegin(*m, a);  // (counts a store error; kInvalidArgument is the caller's)
+    }
+    return a;
+  });
+  const std::string key = std::string(message.client_id) + "#" + std::to_string(message.seq);
+  if (!answer) {
+    // An unknown or expired session, a number past the window: the session's answers, passed
+    // on as they are, not a store failure.
+    const StatusCode code = answer.error().code();
+    if (code == StatusCode::kFailedPrecondition || code == StatusCode::kResourceExhausted) {
+      return answer.error();
+    }
+    return StoreError(answer.error(), "begin failed; handler not run");
+  }
+  const auto* acquired = std::get_if<Acquired>(&*answer);
+  if (acquired == nullptr) {
+    if (std::holds_alternative<Busy>(*answer)) {
+      return Delivered{.delivery = Delivery::kBusy, .key = key};
+    }
+    return Settled(key, *answer);
+  }
+  // Sessions have no Extend: the lease is not kept, so the handler must end within it.
+  HandlerResult result = Invoke(key, *acquired, message, handler, /*keeper=*/nullptr);
+  const Token token = acquired->token;
+  return Finish(
+      key, acquired->attempt, std::move(result),
+      [&](const HandlerResult&) {
+        return store_.ReleaseSequenced(options_.scope, message.client_id, message.seq, token);
+      },
+      [&](const HandlerResult& r, std::chrono::milliseconds) {
+        // Kept until the client acknowledges it (or the session expires), not for a retention.
+        return store_.CompleteSequenced(
+            {options_.scope, message.client_id, message.seq, token, r.outcome, r.response});
       });
 }
 

@@ -728,6 +728,62 @@ TEST_F(ReceiverTest, VersionedMessagesRunInOrderAndStaleOnesAreDroppedAndCounted
   EXPECT_EQ((*v)->applied, 4u);
 }
 
+// SPEC §4 through the receiver: a client's numbered requests run once each, duplicates replay
+// until acknowledged, acknowledged numbers are Stale, and a number past the window or on an
+// unknown session is refused, never run.
+TEST_F(ReceiverTest, ClientSessionsRunEachNumberOnceAndRefuseWhatTheyMust) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  o.fingerprint = FingerprintMode::kBytes;
+  Receiver r(*store_, o);
+  ASSERT_TRUE(store_->OpenSession(
+      {.scope = "payments", .client_id = "c1", .ttl = milliseconds(3'600'000), .window = 4}));
+  std::string key;
+  const Handler handler = [&](const HandlerContext& c) {
+    runs_.fetch_add(1);
+    key = std::string(c.key);
+    return HandlerResult{Outcome::kSuccess, "done " + key};
+  };
+  auto first = r.Receive({.payload = "a", .client_id = "c1", .seq = 1}, handler);
+  ASSERT_TRUE(first) << first.error().ToString();
+  EXPECT_EQ(first->delivery, Delivery::kExecuted);
+  EXPECT_EQ(key, "c1#1");
+  auto again = r.Receive({.payload = "a", .client_id = "c1", .seq = 1}, handler);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->delivery, Delivery::kReplayed);
+  EXPECT_EQ(again->response, "done c1#1");
+  auto other = r.Receive({.payload = "b", .client_id = "c1", .seq = 1}, handler);
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->delivery, Delivery::kConflict);
+  auto second = r.Receive({.payload = "b", .client_id = "c1", .seq = 2, .ack = 1}, handler);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->delivery, Delivery::kExecuted);
+  auto stale = r.Receive({.payload = "a", .client_id = "c1", .seq = 1}, handler);
+  ASSERT_TRUE(stale);
+  EXPECT_EQ(stale->delivery, Delivery::kStale);
+  EXPECT_EQ(runs_.load(), 2);
+
+  auto past = r.Receive({.payload = "x", .client_id = "c1", .seq = 6}, handler);  // 1 + 4 < 6
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error().code(), StatusCode::kResourceExhausted);
+  auto unknown = r.Receive({.payload = "x", .client_id = "c9", .seq = 1}, handler);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code(), StatusCode::kFailedPrecondition);
+  auto both = r.Receive({.entity = "e", .version = 1, .client_id = "c1", .seq = 3}, handler);
+  ASSERT_FALSE(both);
+  EXPECT_EQ(both.error().code(), StatusCode::kInvalidArgument);
+  auto no_number = r.Receive({.client_id = "c1"}, handler);
+  ASSERT_FALSE(no_number);
+  EXPECT_EQ(no_number.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(runs_.load(), 2);
+  EXPECT_EQ(metrics.begin_acquired->Value(), 2u);
+  EXPECT_EQ(metrics.begin_replay->Value(), 1u);
+  EXPECT_EQ(metrics.begin_stale->Value(), 1u);
+  EXPECT_EQ(metrics.store_errors->Value(), 0u);  // refusals are not store errors
+}
+
 TEST_F(ReceiverTest, AVersionWaitsForTheOneInProgressPerBusyPolicy) {
   auto held = store_->BeginVersioned({"payments", "acct", 1, milliseconds(3'600'000)});
   ASSERT_TRUE(held && std::holds_alternative<Acquired>(*held));
