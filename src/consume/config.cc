@@ -289,10 +289,16 @@ const std::map<std::string, Setter, std::less<>>& ConsumerOptions() {
   return options;
 }
 
-// What a broker needs, checked once the table is read.
-Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
+// What a broker needs, checked once the table is read. `lines`: where each option was set;
+// an error about an option names its line, one about a missing option the table's.
+Status CheckConsumer(const ConsumerConfig& c, std::string_view table_at,
+                     const std::map<std::string, std::string>& lines) {
+  const auto at = [&](const std::string& option) -> std::string_view {
+    auto it = lines.find(option);
+    return it == lines.end() ? table_at : std::string_view(it->second);
+  };
   const auto missing = [&](std::string_view option, std::string_view why) {
-    return ErrorAt(where, "consumer." + std::string(option),
+    return ErrorAt(table_at, "consumer." + std::string(option),
                    "missing" + (why.empty() ? std::string() : " (" + std::string(why) + ")"));
   };
   if (c.name.empty()) return missing("name", "");
@@ -307,7 +313,7 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
     return missing("stream", "the JetStream stream");
   }
   if (c.max_backoff < c.backoff) {
-    return ErrorAt(where, "consumer.max_backoff", "is below backoff");
+    return ErrorAt(at("max_backoff"), "consumer.max_backoff", "is below backoff");
   }
   const auto same_name = [](std::string_view a, std::string_view b) {
     return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
@@ -316,7 +322,7 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
     });
   };
   if (same_name(c.key_header, c.attempt_header)) {
-    return ErrorAt(where, "consumer.attempt_header",
+    return ErrorAt(at("attempt_header"), "consumer.attempt_header",
                    Quote(c.attempt_header) +
                        " is key_header too: the attempt number would "
                        "replace the key on the handler's request");
@@ -324,11 +330,11 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view where) {
   for (std::size_t i = 0; i < c.topics.size(); ++i) {
     if (std::find(c.topics.begin(), c.topics.begin() + static_cast<std::ptrdiff_t>(i),
                   c.topics[i]) != c.topics.begin() + static_cast<std::ptrdiff_t>(i)) {
-      return ErrorAt(where, "consumer.topics", Quote(c.topics[i]) + " is listed twice");
+      return ErrorAt(at("topics"), "consumer.topics", Quote(c.topics[i]) + " is listed twice");
     }
   }
   if (std::find(c.topics.begin(), c.topics.end(), c.dlq) != c.topics.end()) {
-    return ErrorAt(where, "consumer.dlq",
+    return ErrorAt(at("dlq"), "consumer.dlq",
                    Quote(c.dlq) +
                        " is also one of the topics read: every dead letter would be "
                        "consumed again, and a poison message dead-lettered forever");
@@ -347,6 +353,7 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
   ConsumerConfig c;
   bool has_scope = false;
   bool has_broker = false;
+  std::map<std::string, std::string> lines;  // option -> "FILE:LINE"
   const std::string table_at = At(file, t.source());
   for (auto [k, v] : InFileOrder(t)) {
     const std::string key(k->str());
@@ -358,13 +365,14 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
     if (Status s = it->second(*v, c); !s.ok()) {
       return ErrorAt(where, "consumer." + key, s.message());
     }
+    lines[key] = where;
     has_scope = has_scope || key == "scope";
     has_broker = has_broker || key == "broker";
   }
   // No default: a consumer of a NATS or Redis URL that left it out ran as a Kafka consumer that
   // consumed nothing, with no error.
   if (!has_broker) return ErrorAt(table_at, "consumer.broker", "missing (kafka, nats or redis)");
-  IDEM_RETURN_IF_ERROR(CheckConsumer(c, table_at));
+  IDEM_RETURN_IF_ERROR(CheckConsumer(c, table_at, lines));
   if (!names.insert(c.name).second) {
     return ErrorAt(table_at, "consumer.name", Quote(c.name) + " is used by two consumers");
   }

@@ -229,20 +229,28 @@ TEST(ConsumeConfigTest, MistakesThatUsedToPassAreErrors) {
   no_broker.erase(no_broker.find("broker = \"kafka\"\n"),
                   std::string_view("broker = \"kafka\"\n").size());
   EXPECT_EQ(ErrorOf(no_broker), "c.toml:2: consumer.broker: missing (kafka, nats or redis)");
-  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "attempt_header = \"idempotency-key\"\n"),
-            "c.toml:2: consumer.attempt_header: \"idempotency-key\" is key_header too: the attempt "
-            "number would replace the key on the handler's request");
+  EXPECT_EQ(
+      ErrorOf(std::string(kMinimal) + "attempt_header = \"idempotency-key\"\n"),
+      "c.toml:10: consumer.attempt_header: \"idempotency-key\" is key_header too: the attempt "
+      "number would replace the key on the handler's request");
   std::string loop(kMinimal);
   loop.replace(loop.find("\"payments.dlq\""), std::string_view("\"payments.dlq\"").size(),
                "\"payments\"");
   EXPECT_EQ(
       ErrorOf(loop),
-      "c.toml:2: consumer.dlq: \"payments\" is also one of the topics read: every dead letter "
+      "c.toml:8: consumer.dlq: \"payments\" is also one of the topics read: every dead letter "
       "would be consumed again, and a poison message dead-lettered forever");
   std::string twice(kMinimal);
   twice.replace(twice.find("[\"payments\"]"), std::string_view("[\"payments\"]").size(),
                 "[\"payments\", \"orders\", \"payments\"]");
-  EXPECT_EQ(ErrorOf(twice), "c.toml:2: consumer.topics: \"payments\" is listed twice");
+  EXPECT_EQ(ErrorOf(twice), "c.toml:6: consumer.topics: \"payments\" is listed twice");
+}
+
+// A check of one option against another names the line of the option it blames, not the
+// [[consumer]] table's.
+TEST(ConsumeConfigTest, ACheckAcrossOptionsNamesTheOptionsLine) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "backoff = \"5s\"\nmax_backoff = \"1s\"\n"),
+            "c.toml:11: consumer.max_backoff: is below backoff");
 }
 
 // Versioned messages: where the entity and version are, both or neither.
