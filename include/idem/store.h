@@ -60,6 +60,13 @@ class Store {
   // A short name for logs and metrics labels: "memory", "log", "redis", "postgres".
   virtual std::string_view Name() const = 0;
 
+  // Not ok when the store has failed for good: it answers nothing until it is opened again.
+  // The log store after a full disk or an I/O error is so (it cannot know what its memory holds
+  // that the disk does not without replaying its files); a store whose server is down is not
+  // (it comes back by itself). A process serving such a store should restart: idemd's /healthz
+  // answers 503 with this message. Cheap; never blocks. Default: ok.
+  virtual Status Broken() const;
+
   // ---- records (SPEC §2) ----
   virtual Result<BeginAnswer> Begin(const BeginRequest& req) = 0;
   // IN_PROGRESS with that token -> COMPLETED, kept for `retention`.

@@ -51,7 +51,11 @@ OpenedStore Open(const Command& self, std::string_view url) {
     log->max_key_bytes = kOperatorMaxKeyBytes;
     std::error_code ec;
     if (!std::filesystem::is_directory(log->dir, ec)) {
-      return {nullptr, Failure(self, "no log store at " + log->dir + ": no such directory")};
+      const bool exists = std::filesystem::exists(log->dir, ec);
+      return {nullptr, Failure(self, "no log store at " + log->dir +
+                                         (exists ? ": not a directory (a log store is the "
+                                                   "directory holding its .log and .snap files)"
+                                                 : ": no such directory"))};
     }
     if (!HoldsLogFiles(log->dir)) {
       return {nullptr, Failure(self, "no log store at " + log->dir + ": no .log or .snap files")};

@@ -1,6 +1,8 @@
 // idem store verify|repair: checking and salvaging a log store's directory.
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <system_error>
 
 #include "cli/command.h"
 #include "cli/format.h"
@@ -12,11 +14,22 @@ namespace {
 
 // DIR, or the directory of a log: store URL.
 Result<std::string> StoreDir(std::string_view arg) {
+  std::string dir;
   if (arg.substr(0, 4) == "log:") {
     auto options = ParseLogStoreUrl(arg);
     if (!options) return options.error();
-    return options->dir;
+    dir = options->dir;
+  } else {
+    dir = std::string(arg);
   }
+  // A file (a segment, say) is not a store: "no such directory" said it was not there.
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgumentError(dir +
+                                " is a file, not a directory: verify and repair take the "
+                                "directory holding a log store's .log and .snap files");
+  }
+  if (arg.substr(0, 4) == "log:") return dir;
   if (arg.empty()) return InvalidArgumentError("DIR is empty");
   // Only the log store has files to check: another store's URL is a usage error, not a
   // directory that is not there.

@@ -215,16 +215,19 @@ int RunConsume(int argc, char** argv) {
 
   // SPEC §7's gauges of the store's contents, read off the store by a thread of their own.
   const StoreGauges gauges(**store, registry);
-  auto admin = gateway::AdminServer::Start(config.admin, registry, [&]() -> Status {
-    IDEM_RETURN_IF_ERROR(gateway::StoreReady(**store));
-    for (const auto& r : running) {
-      if (Status s = r->broker->Health(); !s.ok()) {
-        return UnavailableError("consumer " + r->config.name +
-                                ": broker unavailable: " + s.ToString());
-      }
-    }
-    return OkStatus();
-  });
+  auto admin = gateway::AdminServer::Start(
+      config.admin, registry,
+      [&]() -> Status {
+        IDEM_RETURN_IF_ERROR(gateway::StoreReady(**store));
+        for (const auto& r : running) {
+          if (Status s = r->broker->Health(); !s.ok()) {
+            return UnavailableError("consumer " + r->config.name +
+                                    ": broker unavailable: " + s.ToString());
+          }
+        }
+        return OkStatus();
+      },
+      [&] { return (*store)->Broken(); });
   if (!admin) {
     std::cerr << "idemd consume: admin: " << admin.error().message() << "\n";
     return kExitRuntime;
@@ -235,9 +238,14 @@ int RunConsume(int argc, char** argv) {
       core::NameThisThread(("consume-" + raw->config.name).c_str());
       RunLoop(*raw, log);
     });
-    log.Write("info", "consumer=" + r->config.name +
-                          " event=started broker=" + std::string(BrokerKindName(r->config.broker)) +
-                          " store=" + std::string((*store)->Name()));
+    log.Write(
+        "info", "consumer=" + r->config.name +
+                    " event=started broker=" + std::string(BrokerKindName(r->config.broker)) +
+                    " store=" + std::string((*store)->Name()) + " store_url=" + [&] {
+                      std::string url;
+                      core::AppendLogQuoted(url, core::RedactUrlPassword(config.store));
+                      return url;
+                    }());
   }
   const auto at = (*admin)->bound();
   std::printf("idemd consume running %zu consumer(s) admin %s:%u\n", running.size(),

@@ -50,6 +50,8 @@ std::vector<Result<WriteAnswer>> Store::ExtendBatch(std::span<const ExtendReques
   return out;
 }
 
+Status Store::Broken() const { return OkStatus(); }
+
 bool Store::StartBatch(std::span<const BeginRequest>, std::span<const CompleteRequest>,
                        std::function<void(BatchAnswers)>) {
   return false;

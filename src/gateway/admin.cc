@@ -35,10 +35,12 @@ Status StoreReady(Store& store) {
 }
 
 struct AdminServer::Impl {
-  Impl(Registry& r, Readiness check) : registry(r), ready(std::move(check)) {}
+  Impl(Registry& r, Readiness check, Readiness alive)
+      : registry(r), ready(std::move(check)), live(std::move(alive)) {}
 
   Registry& registry;
   Readiness ready;
+  Readiness live;
   asio::io_context io{1};
   // Readiness checks run here, not on the thread that serves: a store slow to answer (a pool
   // waiting for a connection, a statement timeout) would otherwise hold /healthz and /metrics
@@ -72,7 +74,13 @@ struct AdminServer::Impl {
         res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
         res.body() = registry.RenderPrometheus();
       } else if (path == "/healthz") {
-        res.body() = "ok\n";
+        Status s = live ? live() : OkStatus();
+        if (s.ok()) {
+          res.body() = "ok\n";
+        } else {
+          res.result(http::status::service_unavailable);
+          res.body() = s.message() + "\n";
+        }
       } else if (path == "/readyz") {
         Status s = co_await asio::co_spawn(
             checks, [this]() -> awaitable<Status> { co_return ready(); }, asio::use_awaitable);
@@ -115,8 +123,8 @@ struct AdminServer::Impl {
 };
 
 Result<std::unique_ptr<AdminServer>> AdminServer::Start(const Endpoint& at, Registry& registry,
-                                                        Readiness ready) {
-  auto impl = std::make_unique<Impl>(registry, std::move(ready));
+                                                        Readiness ready, Readiness live) {
+  auto impl = std::make_unique<Impl>(registry, std::move(ready), std::move(live));
   impl->acceptor.emplace(impl->io);
   auto bound = asio_parts::Bind(*impl->acceptor, at, false);
   if (!bound) return bound.error();

@@ -1,6 +1,8 @@
 // The admin listener of idemd (the gateway and `idemd consume` alike): GET /metrics (the
-// registry in the Prometheus text format), /healthz (the process runs), /readyz (200 when the
-// readiness check passes, else 503 with its message); HEAD alike, without the body; other methods
+// registry in the Prometheus text format), /healthz (200 while the liveness check passes: the
+// process runs and its store has not failed for good, Store::Broken; else 503 with its
+// message, so that a supervisor restarts it), /readyz (200 when the readiness check passes, else
+// 503 with its message); HEAD alike, without the body; other methods
 // are 405. A query string is ignored. Keep it on loopback.
 //
 //   auto admin = gateway::AdminServer::Start({"127.0.0.1", 9090}, registry,
@@ -29,8 +31,9 @@ class AdminServer {
   using Readiness = std::function<Status()>;
 
   // kUnavailable when the address cannot be bound, kInvalidArgument when it does not resolve.
+  // `live` (optional) is /healthz's check: it must not block (it runs on the serving thread).
   static Result<std::unique_ptr<AdminServer>> Start(const Endpoint& at, Registry& registry,
-                                                    Readiness ready);
+                                                    Readiness ready, Readiness live = nullptr);
   ~AdminServer();  // Stop()
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;

@@ -29,6 +29,29 @@ inline Result<boost::asio::ip::tcp::endpoint> Resolve(const std::string& host, s
   return results.begin()->endpoint();
 }
 
+// kUnavailable when something listens on `at` already. A socket without SO_REUSEPORT cannot
+// bind a port another listens on, whatever that one set: so idemd, whose I/O threads each bind
+// the port with SO_REUSEPORT, checks first that nobody else has it (a second idemd joined the
+// first one's port, each with its own store, and a retry landing on the other one ran again).
+inline Status CheckNobodyListens(const Endpoint& at) {
+  namespace asio = boost::asio;
+  if (at.port == 0) return OkStatus();  // a port of the kernel's choosing is free
+  auto resolved = Resolve(at.host, at.port);
+  if (!resolved) return resolved.error();
+  asio::io_context io;
+  asio::ip::tcp::acceptor probe(io);
+  boost::system::error_code ec;
+  probe.open(resolved->protocol(), ec);
+  if (!ec) probe.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+  if (!ec) probe.bind(*resolved, ec);
+  if (ec) {
+    return UnavailableError(
+        "cannot listen on " + at.host + ":" + std::to_string(at.port) + ": " + ec.message() +
+        (ec == asio::error::address_in_use ? " (another process listens there)" : ""));
+  }
+  return OkStatus();
+}
+
 // Opens, binds and listens; the bound endpoint (its real port when `at` asked for 0).
 inline Result<boost::asio::ip::tcp::endpoint> Bind(boost::asio::ip::tcp::acceptor& acceptor,
                                                    const Endpoint& at, bool reuse_port) {

@@ -741,7 +741,7 @@ TEST(GatewayConfigExamples, LedgerExampleLoads) {
   EXPECT_EQ(FormatForTest(c->listen), "127.0.0.1:8080");
   EXPECT_EQ(FormatForTest(c->admin), "127.0.0.1:9090");
   EXPECT_EQ(c->upstream, "http://127.0.0.1:9000");
-  EXPECT_EQ(c->store, "log:./build/demo/idemd-data");
+  EXPECT_EQ(c->store, "log:./idemd-demo-data");
   ASSERT_EQ(c->routes.size(), 1u);
   EXPECT_EQ(c->routes[0].prefix, "/charges");
   EXPECT_EQ(c->routes[0].methods, std::vector<std::string>{"POST"});

@@ -1470,6 +1470,7 @@ struct Server::Impl {
     const std::size_t idle_per_thread =
         std::max<std::size_t>(1, config.upstream_connections / threads);
     Endpoint listen_at = config.listen;
+    IDEM_RETURN_IF_ERROR(asio_parts::CheckNobodyListens(listen_at));
     for (std::size_t i = 0; i < threads; ++i) {
       auto w = std::make_unique<Worker>();
       w->acceptor.emplace(w->io);
@@ -1488,11 +1489,14 @@ struct Server::Impl {
       workers.push_back(std::move(w));
     }
     gauges = std::make_unique<StoreGauges>(store, registry);
-    auto admin_server = AdminServer::Start(config.admin, registry, [this]() -> Status {
-      IDEM_RETURN_IF_ERROR(StoreReady(store));
-      if (draining) return UnavailableError("draining");
-      return OkStatus();
-    });
+    auto admin_server = AdminServer::Start(
+        config.admin, registry,
+        [this]() -> Status {
+          IDEM_RETURN_IF_ERROR(StoreReady(store));
+          if (draining) return UnavailableError("draining");
+          return OkStatus();
+        },
+        [this] { return store.Broken(); });
     if (!admin_server) return admin_server.error();
     admin = std::move(*admin_server);
     admin_bound = admin->bound();
@@ -1505,9 +1509,11 @@ struct Server::Impl {
         raw->io.run();
       });
     }
-    log.Write(Level::kInfo, Cat("event=started listen=", bound.host, ":", bound.port, " admin=",
-                                admin_bound.host, ":", admin_bound.port, " threads=", threads,
-                                " store=", store.Name(), " upstream=", config.upstream));
+    log.Write(Level::kInfo,
+              Cat("event=started listen=", bound.host, ":", bound.port, " admin=", admin_bound.host,
+                  ":", admin_bound.port, " threads=", threads, " store=", store.Name(),
+                  " store_url=", Quoted{core::RedactUrlPassword(config.store)},
+                  " upstream=", config.upstream));
     return OkStatus();
   }
 

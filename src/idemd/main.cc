@@ -73,8 +73,12 @@ int Run(int argc, char** argv) {
   }
   const auto listen = (*server)->listening();
   const auto admin = (*server)->admin();
-  std::printf("idemd listening on %s:%u admin %s:%u\n", listen.host.c_str(), listen.port,
-              admin.host.c_str(), admin.port);
+  // An IPv6 address in brackets, as it is written in --listen: "[::1]:8080".
+  const auto host = [](const std::string& h) {
+    return h.find(':') != std::string::npos ? "[" + h + "]" : h;
+  };
+  std::printf("idemd listening on %s:%u admin %s:%u\n", host(listen.host).c_str(), listen.port,
+              host(admin.host).c_str(), admin.port);
   std::fflush(stdout);
 
   stop_signals.Wait();

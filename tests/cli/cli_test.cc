@@ -501,6 +501,12 @@ TEST_F(LogStoreCliTest, BadStoreUrlsAreRefusedClearly) {
   r = RunIdem({"stats", "log:" + dir_.string()});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_THAT(r.err, HasSubstr("no .log or .snap files"));
+  // A file, such as one of the store's own segments, is not a store.
+  const std::string file = (dir_ / "a-file").string();
+  std::ofstream(file) << "x";
+  r = RunIdem({"stats", "log:" + file});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("no log store at " + file + ": not a directory"));
 }
 
 // What only the server can refuse in a URL (a database it does not have, a password it does not
@@ -747,6 +753,12 @@ TEST_F(CliTest, VerifyOfAMissingDirectoryFails) {
   EXPECT_THAT(r.err, HasSubstr("nope"));
   r = RunIdem({"store", "repair", "log:"});
   EXPECT_EQ(r.exit_code, 2) << r;
+  // A file is named as one, not as a missing directory.
+  const std::string file = (dir_ / "000000000001.log").string();
+  std::ofstream(file) << "x";
+  r = RunIdem({"store", "verify", file});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("is a file, not a directory"));
 }
 
 }  // namespace

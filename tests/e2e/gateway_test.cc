@@ -579,6 +579,22 @@ TEST_P(GatewayStoresTest, BadRequestsGetTheirStatusAndOthersAreStillServed) {
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
+// A second idemd on a port one already listens on exits 1: its I/O threads bind with
+// SO_REUSEPORT, and it used to join the first one's port, each with its own store, so that a
+// client's retry landing on the other process ran the upstream again.
+TEST_F(GatewayTest, ASecondIdemdOnAPortInUseExits1) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd());
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--listen", "127.0.0.1:" + std::to_string(port_), "--store", "memory:"});
+  auto second = ChildProcess::Spawn(IDEMD_PATH, args);
+  ASSERT_TRUE(second.has_value()) << second.status().ToString();
+  auto code = second->Wait(20s);
+  ASSERT_TRUE(code.has_value()) << code.status().ToString();
+  EXPECT_EQ(*code, 1) << second->Stderr();
+  EXPECT_THAT(second->Stderr(), HasSubstr("another process listens there"));
+  EXPECT_EQ(Charge("k-1").status, 201);  // the first one serves on
+}
+
 TEST_F(GatewayTest, AdminServesMetricsHealthAndReadiness) {
   ASSERT_NO_FATAL_FAILURE(StartIdemd());
   ASSERT_EQ(Charge("m-1").status, 201);
@@ -1570,6 +1586,22 @@ TEST_F(GatewayStoreFailureTest, StoreDownIs503WithRetryAfterAndTheUpstreamIsNotC
   EXPECT_EQ(Charge("s-1").status, 201);
   EXPECT_EQ(Charge("s-1").Header("Idempotent-Replayed"), "true");
   EXPECT_EQ(LedgerCharges(), 1);
+}
+
+// A store down is not a broken process (/healthz 200: it comes back by itself); a store failed
+// for good (the log store after a full disk) is: /healthz 503, so that a supervisor restarts
+// idemd, which is what reopens the store. /healthz said "ok" while every request was 503.
+TEST_F(GatewayStoreFailureTest, HealthzFailsOnlyWhenTheStoreFailedForGood) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  faulty_.Fail(FaultyStore::kAll);
+  auto down = HttpRequest(admin_port_, "GET", "/healthz");
+  ASSERT_TRUE(down.has_value());
+  EXPECT_EQ(down->status, 200);
+  faulty_.SetBroken(UnavailableError("log store failed closed, disk full"));
+  auto broken = HttpRequest(admin_port_, "GET", "/healthz");
+  ASSERT_TRUE(broken.has_value());
+  EXPECT_EQ(broken->status, 503);
+  EXPECT_EQ(broken->body, "log store failed closed, disk full\n");
 }
 
 TEST_F(GatewayStoreFailureTest, LostCompletionStillAnswersTheClientAndKeepsTheKeyInFlight) {

@@ -82,6 +82,9 @@ class FaultyFile final : public log::WritableFile {
   Status Reserve(std::uint64_t ahead) override {
     if (fs_.dead_.load()) return DataLossError("write " + path_ + ": power failed");
     if (fs_.fail_syncs_.load()) return DataLossError("fdatasync " + path_ + ": Input/output error");
+    if (fs_.fail_reserves_.load()) {
+      return ResourceExhaustedError("write " + path_ + ": No space left on device");
+    }
     const std::uint64_t before = FileSize(path_);
     IDEM_RETURN_IF_ERROR(real_->Reserve(ahead));
     const std::uint64_t after = FileSize(path_);

@@ -30,6 +30,9 @@ class FaultyFileSystem final : public log::FileSystem {
   }
   // Syncs fail with EIO (kDataLoss).
   void FailSyncs(bool on) { fail_syncs_.store(on); }
+  // Reserving space ahead of a file's data fails with ENOSPC (kResourceExhausted), as on a disk
+  // with less room left than the reservation; appends go on as before.
+  void FailReserves(bool on) { fail_reserves_.store(on); }
   // Power failure: every file gets back the size it had at its last sync, every byte written
   // but not synced since, or whose sync failed, reads as zeros, and every later write or sync
   // through this file system fails. `written_back` (0..1) of each file's growth since its last
@@ -66,6 +69,7 @@ class FaultyFileSystem final : public log::FileSystem {
   log::FileSystem& real_;
   std::atomic<std::int64_t> append_budget_{INT64_MAX};
   std::atomic<bool> fail_syncs_{false};
+  std::atomic<bool> fail_reserves_{false};
   std::atomic<bool> dead_{false};
   std::atomic<std::uint64_t> syncs_{0};
   std::atomic<std::uint64_t> renames_{0};

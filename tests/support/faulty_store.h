@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <utility>
 
 #include "idem/store.h"
 
@@ -38,6 +40,15 @@ class FaultyStore : public Store {
   }
   // How many calls were refused.
   std::uint64_t refused() const { return refused_.load(); }
+  // What Broken() says from now on (a store failed for good), or ok again.
+  void SetBroken(Status s) {
+    std::lock_guard lock(broken_mu_);
+    broken_ = std::move(s);
+  }
+  Status Broken() const override {
+    std::lock_guard lock(broken_mu_);
+    return broken_;
+  }
 
   std::string_view Name() const override { return "faulty"; }
   Result<BeginAnswer> Begin(const BeginRequest& req) override;
@@ -74,6 +85,8 @@ class FaultyStore : public Store {
   std::atomic<std::uint32_t> failing_{0};
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::int64_t> budget_{-1};  // calls left to refuse; -1: no bound
+  mutable std::mutex broken_mu_;
+  Status broken_;
 };
 
 }  // namespace idem::testing

@@ -62,10 +62,16 @@ class PosixWritable final : public WritableFile {
     if (allocated_ - size_ >= ahead) return OkStatus();
     static const std::string zeros(std::size_t{1} << 20, '\0');
     const std::uint64_t end = size_ + 2 * ahead;
+    const std::uint64_t before = allocated_;
     while (allocated_ < end) {
       const auto n =
           static_cast<std::size_t>(std::min<std::uint64_t>(zeros.size(), end - allocated_));
-      IDEM_RETURN_IF_ERROR(WriteAt(std::string_view(zeros.data(), n), allocated_));
+      if (Status s = WriteAt(std::string_view(zeros.data(), n), allocated_); !s.ok()) {
+        // Out of space: what this call wrote goes back, so that the disk is not left full for
+        // every other process on it (and for the store's own next batch).
+        if (::ftruncate(fd_, static_cast<off_t>(before)) == 0) allocated_ = before;
+        return s;
+      }
       allocated_ += n;
     }
     return Sync();

@@ -41,6 +41,28 @@ std::vector<LogFile> LogFiles::ReplayOrder() const {
   return out;
 }
 
+std::string LogFiles::Missing() const {
+  const std::vector<LogFile> replay = ReplayOrder();
+  std::uint64_t expect = 1;
+  std::string after = "the start";
+  for (const LogFile& f : replay) {
+    if (f.snapshot) {
+      expect = f.id + 1;
+      after = f.name;
+      continue;
+    }
+    if (f.id != expect) {
+      const std::string first = LogFileName(expect, /*snapshot=*/false);
+      const std::string last = LogFileName(f.id - 1, /*snapshot=*/false);
+      return (first == last ? first + " is" : first + " to " + last + " are") + " missing: after " +
+             after + " comes " + f.name;
+    }
+    ++expect;
+    after = f.name;
+  }
+  return {};
+}
+
 Result<LogFiles> ListLogFiles(FileSystem& fs, const std::string& dir) {
   auto names = fs.List(dir);
   if (!names) return names.error();

@@ -28,6 +28,13 @@ struct LogFiles {
 
   // What a store replays, in order: the newest snapshot, then the segments after it.
   std::vector<LogFile> ReplayOrder() const;
+
+  // Which files are missing from what a store replays, or "" when none is. A store's segments
+  // are numbered 1, 2, 3, ... and a snapshot takes the id of the last segment it covers, so
+  // what follows snapshot N (or, without a snapshot, the start) is segment N + 1, N + 2, ...
+  // with no gap. A deleted oldest segment or snapshot is otherwise undetectable: every file
+  // left is intact, and the records of the missing one are silently gone.
+  std::string Missing() const;
 };
 
 // Other names in the directory (LOCK, backups) are ignored.

@@ -251,6 +251,7 @@ class LogStore final : public Store {
   Status Open();
 
   std::string_view Name() const override { return "log"; }
+  Status Broken() const override { return writer_ != nullptr ? writer_->health() : OkStatus(); }
   Result<BeginAnswer> Begin(const BeginRequest& r) override { return After(engine_->Begin(r)); }
   Result<WriteAnswer> Complete(const CompleteRequest& r) override {
     IDEM_RETURN_IF_ERROR(CheckResponse(r.response));
@@ -493,6 +494,11 @@ Status LogStore::Recover(Recovered* rec) {
   if (!files) return files.error();
   for (const std::string& t : files->temporary) {
     IDEM_RETURN_IF_ERROR(fs_.Remove(Path(t)));  // an unfinished compaction
+  }
+  if (const std::string missing = files->Missing(); !missing.empty()) {
+    return DataLossError(options_.dir + ": " + missing + "; the records in " +
+                         "what is missing are lost. Run `idem store verify " + options_.dir +
+                         "`, then `idem store repair " + options_.dir + "`");
   }
   const std::vector<LogFile> replay = files->ReplayOrder();
   // Segment seqs continue across files; the first segment after a snapshot starts anew.

@@ -31,6 +31,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
+using ::testing::AllOf;
 using testing::FakeClock;
 using testing::FaultyFileSystem;
 using ::testing::HasSubstr;
@@ -227,6 +228,108 @@ TEST_F(LogStoreTest, AVersion2SegmentIsReadAndNotAppendedTo) {
   ASSERT_NE(s, nullptr);
   ExpectReplay(*s, "before");
   ExpectReplay(*s, "after");
+}
+
+// A store's oldest segment, or its snapshot, deleted: every file left is intact, so the open
+// used to succeed without the missing records, and verify said ok. Segment ids run on from
+// the snapshot (or 1) without a gap: a missing one is refused by the open, listed by verify,
+// and repair rebuilds the store from what is left, saying what it could not keep.
+TEST_F(LogStoreTest, AMissingOldestSegmentOrSnapshotIsDamageNotSilentLoss) {
+  {
+    auto o = Options();
+    o.segment_bytes = 1024;
+    o.compact_ratio = 0;
+    auto s = Open(o);
+    for (int i = 0; i < 40; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  std::vector<std::string> segments = Segments();
+  ASSERT_GE(segments.size(), 3u);
+  ASSERT_TRUE(fs::remove(segments.front()));
+  auto opened = OpenLogStore(Options());
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.error().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(opened.error().message(),
+              AllOf(HasSubstr("000000000001.log is missing"), HasSubstr("idem store repair")));
+  auto verified = VerifyLogStore(dir_);
+  ASSERT_TRUE(verified) << verified.error().ToString();
+  ASSERT_FALSE(verified->damage.empty());
+  EXPECT_THAT(verified->damage.front(), HasSubstr("000000000001.log is missing"));
+  auto repaired = RepairLogStore(dir_);
+  ASSERT_TRUE(repaired) << repaired.error().ToString();
+  ASSERT_FALSE(repaired->dropped.empty());
+  EXPECT_THAT(repaired->dropped.front(), HasSubstr("000000000001.log is missing"));
+  {
+    auto s = Open(Options());
+    ASSERT_NE(s, nullptr);
+    ExpectReplay(*s, "k39");  // what was in the files left is kept
+  }
+
+  // Now the store is one snapshot (the repair's) and the segments written after it.
+  {
+    auto s = Open(Options());
+    for (int i = 40; i < 45; ++i) Cycle(*s, "k" + std::to_string(i));
+  }
+  std::string snapshot;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().extension() == ".snap") snapshot = e.path().string();
+  }
+  ASSERT_FALSE(snapshot.empty());
+  ASSERT_TRUE(fs::remove(snapshot));
+  opened = OpenLogStore(Options());
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.error().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(opened.error().message(), HasSubstr("missing: after the start comes"));
+}
+
+// A torn batch at the newest segment's tail was never acknowledged: the open cuts it whole, and
+// repair now does too. Repair used to keep the frames before the tear, so records the store had
+// never answered for came back (IN_PROGRESS keys that then answered Busy for their lease).
+TEST_F(LogStoreTest, RepairCutsATornTailWholeAsTheOpenDoes) {
+  {
+    auto s = Open(Options());
+    Cycle(*s, "before");
+    std::vector<BeginRequest> begins;
+    for (int i = 0; i < 50; ++i)
+      begins.push_back({.scope = "s", .key = "torn-" + std::to_string(i)});
+    for (const auto& a : s->BeginBatch(begins)) ASSERT_TRUE(a.has_value());
+  }
+  const std::string segment = Segments().back();
+  std::size_t end = 0;
+  const std::string data = ReadAll(segment);
+  const std::vector<std::size_t> batches = BatchOffsets(data, &end);
+  ASSERT_GE(batches.size(), 2u);
+  // Cut the last batch (the 50 begins) a few bytes short of its end.
+  fs::resize_file(segment, end - 10);
+  const std::string copy = dir_ + "-opened";
+  fs::remove_all(copy);
+  fs::copy(dir_, copy);
+  fs::remove(copy + "/LOCK");
+  auto o = Options();
+  o.dir = copy;
+  auto opened = OpenLogStore(o);
+  ASSERT_TRUE(opened) << opened.error().ToString();
+  auto repaired = RepairLogStore(dir_);
+  ASSERT_TRUE(repaired) << repaired.error().ToString();
+  ASSERT_FALSE(repaired->dropped.empty());
+  EXPECT_THAT(repaired->dropped.back(),
+              AllOf(HasSubstr("[" + std::to_string(batches.back()) + ", "),
+                    HasSubstr("never acknowledged")));
+  auto s = Open(Options());
+  ASSERT_NE(s, nullptr);
+  ExpectReplay(*s, "before");
+  // Repair and open agree on every key, and the torn batch's keys are gone from both.
+  int absent = 0;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "torn-" + std::to_string(i);
+    auto after_open = (*opened)->Get("s", key);
+    auto after_repair = s->Get("s", key);
+    ASSERT_TRUE(after_open && after_repair);
+    EXPECT_EQ(after_open->has_value(), after_repair->has_value()) << key;
+    absent += after_repair->has_value() ? 0 : 1;
+  }
+  EXPECT_GT(absent, 0);
+  opened->reset();
+  fs::remove_all(copy);
 }
 
 // Each repair moves the files it replaced into a backup of its own, even two in one second (the
@@ -636,6 +739,22 @@ TEST_F(LogStoreTest, RandomDamageNeverCrashesAndNeverPassesSilently) {
   }
 }
 
+// A disk without room for the space reserved ahead of the log (2 MiB) but with room for the
+// batches themselves: the store opens and answers. It used to fail to open (a read-only
+// `idem stats` too) and to fail closed with that much space left.
+TEST_F(LogStoreTest, NoRoomToReserveAheadIsNoFailure) {
+  FaultyFileSystem faulty;
+  faulty.FailReserves(true);
+  {
+    auto s = log::OpenLogStoreWith(Options(), faulty);
+    ASSERT_TRUE(s) << s.error().ToString();
+    for (int i = 0; i < 20; ++i) Cycle(**s, "k" + std::to_string(i));
+  }
+  auto s = log::OpenLogStoreWith(Options(), faulty);
+  ASSERT_TRUE(s) << s.error().ToString();
+  for (int i = 0; i < 20; ++i) ExpectReplay(**s, "k" + std::to_string(i));
+}
+
 TEST_F(LogStoreTest, AFullDiskFailsClosedAndLosesNothingAcknowledged) {
   FaultyFileSystem faulty;
   std::vector<std::string> acknowledged;
@@ -671,9 +790,12 @@ TEST_F(LogStoreTest, AFullDiskFailsClosedAndLosesNothingAcknowledged) {
     EXPECT_EQ(r.error().code(), StatusCode::kUnavailable);
     auto g = (*s)->Get("t", "k0");
     EXPECT_FALSE(g);
+    // ... until it is reopened: it says so (idemd's /healthz), so that a supervisor restarts it.
+    EXPECT_THAT((*s)->Broken().message(), AllOf(HasSubstr("disk full"), HasSubstr("reopen")));
   }
   auto s = Open(Options());
   ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->Broken().ok());
   for (const auto& k : acknowledged) ExpectReplay(*s, k);
 }
 
@@ -1267,8 +1389,8 @@ TEST(LogStoreUrl, Parses) {
   auto d = ParseLogStoreUrl("log:./data");
   ASSERT_TRUE(d);
   EXPECT_EQ(d->sync, SyncMode::kAlways);
-  for (const char* bad :
-       {"log:", "memory:", "log:/x?sync=sometimes", "log:/x?sync=interval:0", "log:/x?color=red"}) {
+  for (const char* bad : {"log:", "memory:", "log:/x?sync=sometimes", "log:/x?sync=interval:0",
+                          "log:/x?color=red", "log:/x?sync=always&sync=none"}) {
     auto b = ParseLogStoreUrl(bad);
     ASSERT_FALSE(b) << bad;
     EXPECT_EQ(b.error().code(), StatusCode::kInvalidArgument) << bad;

@@ -22,11 +22,14 @@ struct OpenedFile {
   std::unique_ptr<ReadableFile> data;
 };
 
-// The files a store replays, in order, each read once; `total` gets their combined size.
+// The files a store replays, in order, each read once; `total` gets their combined size, and
+// `missing` (when given) LogFiles::Missing().
 Result<std::vector<OpenedFile>> OpenReplayFiles(FileSystem& fs, const std::string& dir,
-                                                std::uint64_t* total) {
+                                                std::uint64_t* total,
+                                                std::string* missing = nullptr) {
   auto listed = ListLogFiles(fs, dir);
   if (!listed) return listed.error();
+  if (missing != nullptr) *missing = listed->Missing();
   std::vector<OpenedFile> out;
   *total = 0;
   for (LogFile& f : listed->ReplayOrder()) {
@@ -88,10 +91,16 @@ Result<LogStoreOptions> ParseLogStoreUrl(std::string_view url) {
   if (rest.empty()) return InvalidArgumentError("store URL \"" + std::string(url) + "\": no path");
   LogStoreOptions o;
   o.dir = std::string(rest);
+  bool sync_given = false;
   while (!query.empty()) {
     std::string_view param = query.substr(0, query.find('&'));
     query.remove_prefix(std::min(query.size(), param.size() + 1));
     if (param.substr(0, 5) == "sync=") {
+      // Two would leave the last one in force, silently: "sync=always&sync=none" ran as none.
+      if (sync_given) {
+        return InvalidArgumentError("store URL \"" + std::string(url) + "\": sync= is given twice");
+      }
+      sync_given = true;
       auto mode = log::ParseSyncMode(param.substr(5));
       if (!mode) return InvalidArgumentError("store URL: " + mode.error().message());
       o.sync = mode->first;
@@ -109,11 +118,16 @@ Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& pr
   std::unique_ptr<log::DirLock> lock;
   IDEM_RETURN_IF_ERROR(log::Locked(fs, dir, &lock));
   std::uint64_t total = 0, done = 0;
-  auto files = log::OpenReplayFiles(fs, dir, &total);
+  std::string missing;
+  auto files = log::OpenReplayFiles(fs, dir, &total, &missing);
   if (!files) return files.error();
   auto salt = log::StoreSalt(*files, dir);
   if (!salt) return salt.error();
   LogCheckReport report;
+  if (!missing.empty()) {
+    report.damage.push_back(dir + ": " + missing +
+                            " (its records are lost; repair keeps the rest)");
+  }
   std::uint64_t last_seq = 0;
   for (std::size_t i = 0; i < files->size(); ++i) {
     const log::LogFile& f = (*files)[i].file;
@@ -218,6 +232,10 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
   auto files = OpenReplayFiles(fs, dir, &total);
   if (!files) return files.error();
   LogRepairReport report;
+  if (const std::string missing = listed->Missing(); !missing.empty()) {
+    // Nothing to keep of those; the repaired store is whole again without them.
+    report.dropped.push_back(dir + ": " + missing + " (their records were lost before repair)");
+  }
   // The repaired store keeps the store's salt (a new one when no file tells it). A file of
   // another format version stops the repair before anything changes.
   auto learnt = StoreSalt(*files, dir);
@@ -268,6 +286,17 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
                                ") (bad header; its batches are read with the store's salt)");
     }
     Entry e;
+    auto keep = [&](const Frame& fr) {
+      batch.Add(fr.type, fr.payload);
+      ++report.entries_kept;
+      if (batch.size() >= (1u << 20)) flush();
+      if (progress && (report.entries_kept & 0xFFFF) == 0) progress(done + fr.offset, total);
+    };
+    // The newest segment's frames wait until its end is known: a torn batch at its tail was
+    // never acknowledged, and the open cuts it whole, so repair does too (it kept the frames
+    // before the tear, bringing back records the store had never answered for).
+    const bool newest_segment = &opened == &files->back() && !opened.file.snapshot;
+    std::vector<Frame> held;
     auto salvage = SalvageLog(bytes, salt, [&](const Frame& fr) {
       if (!DecodeEntry(fr.type, fr.payload, &e).ok()) {
         report.bytes_dropped += fr.payload.size() + kFrameHeaderSize;
@@ -276,14 +305,29 @@ Result<LogRepairReport> RepairLogStoreWith(const std::string& dir, FileSystem& f
                                  ") (undecodable entry)");
         return OkStatus();
       }
-      batch.Add(fr.type, fr.payload);
-      ++report.entries_kept;
-      if (batch.size() >= (1u << 20)) flush();
-      if (progress && (report.entries_kept & 0xFFFF) == 0) progress(done + fr.offset, total);
+      if (newest_segment) {
+        held.push_back(fr);
+      } else {
+        keep(fr);
+      }
       return OkStatus();
     });
     if (!salvage) return salvage.error();
-    for (const SalvageResult::Damage& d : salvage->damage) {
+    const bool torn = newest_segment && salvage->torn_tail && !salvage->damage.empty();
+    const std::uint64_t cut = torn ? salvage->damage.back().batch : bytes.size();
+    for (const Frame& fr : held) {
+      if (fr.offset < cut) keep(fr);
+    }
+    for (std::size_t k = 0; k < salvage->damage.size(); ++k) {
+      const SalvageResult::Damage& d = salvage->damage[k];
+      if (torn && k + 1 == salvage->damage.size()) {
+        report.bytes_dropped += d.end - d.batch;
+        report.dropped.push_back(path + " bytes [" + std::to_string(d.batch) + ", " +
+                                 std::to_string(d.end) + ") (" + d.what +
+                                 ": the newest segment's torn tail, never acknowledged, cut "
+                                 "whole as opening the store cuts it)");
+        break;
+      }
       report.bytes_dropped += d.end - d.begin;
       if (d.begin == d.end) {
         report.dropped.push_back(path + " offset " + std::to_string(d.begin) + ": " + d.what +

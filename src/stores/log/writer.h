@@ -119,6 +119,8 @@ class LogWriter {
   void CutBack(std::uint64_t keep);
   void FlusherLoop();
   void Fail(const Status& s);  // mu_ held
+  // file.Reserve(kReserveAhead); a disk without room for it is no error.
+  static Status ReserveAhead(WritableFile& file);
   struct Callback {
     std::uint64_t ticket;
     std::function<void(Status)> done;
