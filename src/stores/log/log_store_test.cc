@@ -288,9 +288,10 @@ TEST_F(LogStoreTest, RepairCutsATornTailWholeAsTheOpenDoes) {
   {
     auto s = Open(Options());
     Cycle(*s, "before");
+    std::vector<std::string> keys;  // the requests view them
+    for (int i = 0; i < 50; ++i) keys.push_back("torn-" + std::to_string(i));
     std::vector<BeginRequest> begins;
-    for (int i = 0; i < 50; ++i)
-      begins.push_back({.scope = "s", .key = "torn-" + std::to_string(i)});
+    for (const std::string& key : keys) begins.push_back({.scope = "s", .key = key});
     for (const auto& a : s->BeginBatch(begins)) ASSERT_TRUE(a.has_value());
   }
   const std::string segment = Segments().back();
