@@ -784,21 +784,7 @@ struct Consumer::Impl {
       return item.conflict ? SettleConflict(r, item) : true;
     }
     Result<BeginAnswer> answer = std::move(answers[static_cast<std::size_t>(item.begin_index)]);
-    if (answer) {
-      if (const auto* busy = std::get_if<Busy>(&*answer)) {
-        auto decided = WaitWhileBusy(r.items, item, busy->lease_deadline, leases_from);
-        if (!decided) {
-          r.handback_delay = std::max(r.handback_delay, options.backoff);
-          return false;
-        }
-        answer = std::move(*decided);
-      }
-    }
-    if (!answer) {
-      CountStoreError();
-      r.store_failed = true;
-      return false;
-    }
+    if (!WaitOutBusyAnswer(r, item, answer, leases_from)) return false;
     return std::visit(
         [&](const auto& a) -> bool {
           using T = std::decay_t<decltype(a)>;
@@ -830,11 +816,10 @@ struct Consumer::Impl {
         *answer);
   }
 
-  // A versioned message, in its turn: begun, run and completed (or Stale) before the next
-  // message of its partition, which may be the entity's next version. False: hand it back.
-  bool SettleVersioned(Round& r, std::size_t i, Timestamp& leases_from) {
-    Item& item = r.items[i];
-    Result<BeginAnswer> answer = BeginOne(item);
+  // A Busy `answer` is begun again until decided (WaitWhileBusy). False, with the round told
+  // why: still busy at busy_timeout, or the store failed; the item goes back.
+  bool WaitOutBusyAnswer(Round& r, const Item& item, Result<BeginAnswer>& answer,
+                         Timestamp& leases_from) {
     if (answer) {
       if (const auto* busy = std::get_if<Busy>(&*answer)) {
         auto decided = WaitWhileBusy(r.items, item, busy->lease_deadline, leases_from);
@@ -850,6 +835,15 @@ struct Consumer::Impl {
       r.store_failed = true;
       return false;
     }
+    return true;
+  }
+
+  // A versioned message, in its turn: begun, run and completed (or Stale) before the next
+  // message of its partition, which may be the entity's next version. False: hand it back.
+  bool SettleVersioned(Round& r, std::size_t i, Timestamp& leases_from) {
+    Item& item = r.items[i];
+    Result<BeginAnswer> answer = BeginOne(item);
+    if (!WaitOutBusyAnswer(r, item, answer, leases_from)) return false;
     const auto* acquired = std::get_if<Acquired>(&*answer);
     if (acquired == nullptr) {  // Stale: a version at or below the applied one
       Count(&ConsumerCounts::stale, &ConsumerMetrics::stale);
