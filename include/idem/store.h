@@ -67,6 +67,12 @@ class Store {
   // answers 503 with this message. Cheap; never blocks. Default: ok.
   virtual Status Broken() const;
 
+  // Ok when the store can answer now, writes included: what a readiness probe asks (idemd's
+  // /readyz). May wait for the store's own timeouts. Default: a read of a key that never exists.
+  // The PostgreSQL store also refuses a database that would refuse writes (a standby, or
+  // default_transaction_read_only).
+  virtual Status Ready();
+
   // ---- records (SPEC §2) ----
   virtual Result<BeginAnswer> Begin(const BeginRequest& req) = 0;
   // IN_PROGRESS with that token -> COMPLETED, kept for `retention`.

@@ -33,6 +33,42 @@ std::string FormatSize(std::uint64_t bytes) {
   return buf;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at bytes[i] (a code point that is not a surrogate),
+// and the code point; 0 when the bytes there are not one.
+std::size_t Utf8At(std::string_view bytes, std::size_t i, std::uint32_t& cp) {
+  const auto c = static_cast<unsigned char>(bytes[i]);
+  std::size_t len = 0;
+  if (c < 0x80) {
+    cp = c;
+    return 1;
+  }
+  if ((c & 0xE0) == 0xC0) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + len > bytes.size()) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto cc = static_cast<unsigned char>(bytes[i + k]);
+    if ((cc & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return len;
+}
+
+}  // namespace
+
 std::string Quote(std::string_view text) {
   bool plain = !text.empty();
   for (char c : text) {
@@ -40,8 +76,12 @@ std::string Quote(std::string_view text) {
   }
   if (plain) return std::string(text);
   std::string out = "\"";
-  for (char c : text) {
-    const auto u = static_cast<unsigned char>(c);
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    std::uint32_t cp = 0;
+    const std::size_t len = Utf8At(text, i, cp);
+    char buf[12];
     if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
@@ -51,13 +91,20 @@ std::string Quote(std::string_view text) {
       out += "\\t";
     } else if (c == '\r') {
       out += "\\r";
-    } else if (u < 0x20 || u == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+    } else if (len == 0) {
+      // Not UTF-8: the byte in hex, not raw (a terminal would show it as something else, or
+      // take it for part of an escape sequence).
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(c));
+      out += buf;
+      ++i;
+      continue;
+    } else if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0)) {  // C0, DEL and C1 controls
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
       out += buf;
     } else {
-      out += c;  // UTF-8 passes through; invalid bytes too, as a terminal would show them.
+      out.append(text.substr(i, len));
     }
+    i += len;
   }
   out += '"';
   return out;
@@ -66,35 +113,12 @@ std::string Quote(std::string_view text) {
 bool IsPrintable(std::string_view bytes) {
   std::size_t i = 0;
   while (i < bytes.size()) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c < 0x80) {
-      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F) return false;
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
     std::uint32_t cp = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
+    const std::size_t len = Utf8At(bytes, i, cp);
+    if (len == 0) return false;
+    if ((cp < 0x20 && cp != '\t' && cp != '\n' && cp != '\r') || (cp >= 0x7F && cp < 0xA0)) {
+      return false;  // C0 (but tab and line ends), DEL and C1 controls
     }
-    if (i + len > bytes.size()) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(bytes[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    if (cp >= 0x80 && cp < 0xA0) return false;  // C1 controls
     i += len;
   }
   return true;

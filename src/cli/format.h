@@ -18,7 +18,8 @@ std::string FormatTime(Timestamp t);
 std::string FormatSize(std::uint64_t bytes);
 
 // `text` as it is when it is non-empty printable ASCII without spaces, quotes or backslashes;
-// otherwise in double quotes with JSON escapes, so an empty scope shows as "".
+// otherwise in double quotes with JSON escapes (control characters as \u00XX), so an empty scope
+// shows as "", and bytes that are not UTF-8 as \xHH.
 std::string Quote(std::string_view text);
 
 // Valid UTF-8 without control characters other than tab, newline and carriage return.

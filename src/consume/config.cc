@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "gateway/config_values.h"
+#include "idem/consumers/kafka.h"
 
 namespace idem::consume {
 namespace {
@@ -339,6 +340,11 @@ Status CheckConsumer(const ConsumerConfig& c, std::string_view table_at,
                        " is also one of the topics read: every dead letter would be "
                        "consumed again, and a poison message dead-lettered forever");
   }
+  if (c.broker == BrokerKind::kKafka && c.session_timeout < kafka::kMinSessionTimeout) {
+    return ErrorAt(at("session_timeout"), "consumer.session_timeout",
+                   "is below 1s: the group would drop a consumer between two polls (its "
+                   "heartbeat is a third of it)");
+  }
   if (c.entity.has_value() != c.version.has_value()) {
     return missing(c.entity ? "version" : "entity",
                    "a versioned message names an entity and a version: set both");
@@ -377,6 +383,7 @@ Status ParseConsumer(std::string_view file, const toml::table& t, ConsumeConfig&
     return ErrorAt(table_at, "consumer.name", Quote(c.name) + " is used by two consumers");
   }
   if (!has_scope) c.scope = c.name;
+  c.defined_at = table_at;
   if (c.broker == BrokerKind::kNats && c.dlq_stream.empty()) c.dlq_stream = c.stream + "_DLQ";
   if (c.consumer_name.empty()) c.consumer_name = c.name;
   config.consumers.push_back(std::move(c));
@@ -524,7 +531,7 @@ Top-level options (file or flag):
   payload_field      redis: the entry field holding the payload (default payload)
   ack_wait           nats: unacked this long -> redelivered (default 30s)
   claim_idle         redis: pending this long on a dead consumer -> reclaimed (default 30s)
-  session_timeout    kafka: session.timeout.ms (default 45s)
+  session_timeout    kafka: session.timeout.ms (default 45s, at least 1s)
   properties         kafka: more librdkafka properties, { "fetch.min.bytes" = "1" }
   handler            http://host[:port]/path: each message is POSTed there with its key in
                      key_header and the attempt number in attempt_header

@@ -38,6 +38,9 @@ std::string_view BrokerKindName(BrokerKind k);  // "kafka", "nats", "redis"
 
 struct ConsumerConfig {
   std::string name{};
+  // "FILE:LINE" of its [[consumer]] table: problems only the broker's open finds (a JetStream
+  // DLQ subject inside the stream, a Redis stream the group does not read) are reported there.
+  std::string defined_at{};
   BrokerKind broker = BrokerKind::kKafka;
   std::string url{};
   std::vector<std::string> topics{};
@@ -49,7 +52,7 @@ struct ConsumerConfig {
   std::string payload_field = "payload";  // redis
   std::chrono::milliseconds ack_wait{30'000};                     // nats
   std::chrono::milliseconds claim_idle{30'000};                   // redis
-  std::chrono::milliseconds session_timeout{45'000};              // kafka
+  std::chrono::milliseconds session_timeout{45'000};              // kafka, at least 1 s
   std::vector<std::pair<std::string, std::string>> properties{};  // kafka, librdkafka's own
 
   // The handler: an HTTP POST of the payload.

@@ -244,6 +244,22 @@ TEST(ConsumeConfigTest, MistakesThatUsedToPassAreErrors) {
   twice.replace(twice.find("[\"payments\"]"), std::string_view("[\"payments\"]").size(),
                 "[\"payments\", \"orders\", \"payments\"]");
   EXPECT_EQ(ErrorOf(twice), "c.toml:6: consumer.topics: \"payments\" is listed twice");
+  // A 1 ms session made a heartbeat due every millisecond: the group dropped the consumer.
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "session_timeout = \"999ms\"\n"),
+            "c.toml:10: consumer.session_timeout: is below 1s: the group would drop a consumer "
+            "between two polls (its heartbeat is a third of it)");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "session_timeout = \"1s\"\n"), "<parsed>");
+}
+
+// Problems only the broker's open finds are reported at the consumer's table.
+TEST(ConsumeConfigTest, EachConsumerKnowsWhereItIsDefined) {
+  auto c = ParseConsumeConfig(
+      std::string(kMinimal) + std::string(kMinimal).replace(kMinimal.find("payments"), 8, "second"),
+      "c.toml");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  ASSERT_EQ(c->consumers.size(), 2u);
+  EXPECT_EQ(c->consumers[0].defined_at, "c.toml:2");
+  EXPECT_EQ(c->consumers[1].defined_at, "c.toml:11");
 }
 
 // A check of one option against another names the line of the option it blames, not the

@@ -192,16 +192,16 @@ int RunConsume(int argc, char** argv) {
     r->config = c;
     auto broker = OpenBroker(c);
     if (!broker) {
-      std::cerr << "idemd consume: consumer " << c.name << ": cannot open the "
-                << BrokerKindName(c.broker) << " broker '" << core::RedactUrlPassword(c.url)
-                << "': " << broker.error().ToString() << "\n";
+      std::cerr << "idemd consume: " << c.defined_at << ": consumer " << c.name
+                << ": cannot open the " << BrokerKindName(c.broker) << " broker '"
+                << core::RedactUrlPassword(c.url) << "': " << broker.error().ToString() << "\n";
       return broker.error().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitRuntime;
     }
     r->broker = std::move(*broker);
     auto handler = HttpHandler::Open(c);
     if (!handler) {
-      std::cerr << "idemd consume: consumer " << c.name << ": " << handler.error().message()
-                << "\n";
+      std::cerr << "idemd consume: " << c.defined_at << ": consumer " << c.name << ": "
+                << handler.error().message() << "\n";
       return kExitUsage;
     }
     r->handler = std::move(*handler);

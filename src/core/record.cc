@@ -52,6 +52,11 @@ std::vector<Result<WriteAnswer>> Store::ExtendBatch(std::span<const ExtendReques
 
 Status Store::Broken() const { return OkStatus(); }
 
+Status Store::Ready() {
+  auto probe = Get("idemd.readyz", "probe");
+  return probe ? OkStatus() : probe.error();
+}
+
 bool Store::StartBatch(std::span<const BeginRequest>, std::span<const CompleteRequest>,
                        std::function<void(BatchAnswers)>) {
   return false;

@@ -24,14 +24,13 @@ using tcp = asio::ip::tcp;
 using asio::awaitable;
 
 constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
-constexpr std::string_view kReadyProbeScope = "idemd.readyz";
 
 }  // namespace
 
 Status StoreReady(Store& store) {
-  auto probe = store.Get(kReadyProbeScope, "probe");
-  if (probe) return OkStatus();
-  return UnavailableError("store unavailable: " + probe.error().ToString());
+  Status s = store.Ready();
+  if (s.ok()) return s;
+  return UnavailableError("store unavailable: " + s.ToString());
 }
 
 struct AdminServer::Impl {

@@ -47,7 +47,7 @@ class AdminServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Readiness of a store: it answers a read (of a probe key that never exists).
+// Readiness of a store (Store::Ready), as kUnavailable "store unavailable: ...".
 Status StoreReady(Store& store);
 
 }  // namespace idem::gateway

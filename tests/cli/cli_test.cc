@@ -56,8 +56,10 @@ struct ProcessRun {
 
 // Runs `idem args...` with standard input from `stdin_path` and returns what it printed.
 // With `stderr_tty`, its stderr is a pseudo-terminal and `err` holds what the terminal got.
+// `runner`: a command that runs idem (setpriv as another user), or none.
 ProcessRun RunIdem(const std::vector<std::string>& args,
-                   const std::string& stdin_path = "/dev/null", bool stderr_tty = false) {
+                   const std::string& stdin_path = "/dev/null", bool stderr_tty = false,
+                   const std::vector<std::string>& runner = {}) {
   ProcessRun run;
   int out_pipe[2], err_pipe[2];
   EXPECT_EQ(::pipe2(out_pipe, O_CLOEXEC), 0);
@@ -76,13 +78,15 @@ ProcessRun RunIdem(const std::vector<std::string>& args,
   posix_spawn_file_actions_addopen(&actions, 0, stdin_path.c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_write, 2);
-  std::vector<std::string> words = {IDEM_CLI_PATH};
+  std::vector<std::string> words = runner;
+  words.push_back(IDEM_CLI_PATH);
   words.insert(words.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& w : words) argv.push_back(w.data());
   argv.push_back(nullptr);
   pid_t pid = 0;
-  const int spawned = ::posix_spawn(&pid, IDEM_CLI_PATH, &actions, nullptr, argv.data(), environ);
+  const int spawned =
+      ::posix_spawn(&pid, words[0].c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(out_pipe[1]);
   ::close(err_write);
@@ -416,6 +420,20 @@ TEST_F(LogStoreCliTest, GetOfAnAbsentOrExpiredKeyIsNotFound) {
   EXPECT_THAT(r.err, HasSubstr("key is empty"));
 }
 
+// Keys are bytes: what is not UTF-8 is printed as \xHH and control characters escaped, never
+// raw (a raw ESC could drive the operator's terminal).
+TEST_F(LogStoreCliTest, KeysThatAreNotTextArePrintedEscaped) {
+  {
+    auto s = Open();
+    ASSERT_TRUE(s.has_value()) << s.error().ToString();
+    Acquire(**s, "bytes", std::string("k\xff\x1b[2J\xc3\xa9\xe2\x82", 10), std::nullopt);
+  }
+  ProcessRun r = RunIdem({"list", url_, "--scope", "bytes"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("key=\"k\\xff\\u001b[2J\xc3\xa9\\xe2\\x82\" ")) << r;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r;
+}
+
 TEST_F(LogStoreCliTest, ListFiltersByStateScopeAgeAndLimit) {
   ProcessRun r = RunIdem({"list", url_, "--state", "completed"});
   EXPECT_EQ(r.exit_code, 0) << r;
@@ -730,6 +748,37 @@ TEST_F(LogStoreCliTest, VerifyListsEveryDamagedPlaceRepairDrops) {
     EXPECT_THAT(r.out, HasSubstr(segment + " bytes " + range));
   r = RunIdem({"store", "verify", dir});
   EXPECT_EQ(r.exit_code, 0) << r;
+}
+
+// Verify only reads: a store this user may not write (another user's, a read-only mount) is
+// verified too. It failed on creating LOCK. As root (CI), idem runs as nobody via setpriv.
+TEST_F(LogStoreCliTest, VerifyNeedsNoWriteAccess) {
+  {
+    auto s = Open();  // leaves LOCK behind, as every store does
+    ASSERT_TRUE(s.has_value()) << s.error().ToString();
+  }
+  std::vector<std::string> runner;
+  if (::geteuid() == 0) {
+    runner = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+    fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                              fs::perms::others_read | fs::perms::others_exec);
+  }
+  const auto no_write = fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write;
+  fs::permissions(store_dir_, no_write, fs::perm_options::remove);
+  for (const auto& f : fs::directory_iterator(store_dir_)) {
+    fs::permissions(f.path(), no_write, fs::perm_options::remove);
+  }
+  ProcessRun r = RunIdem({"store", "verify", store_dir_}, "/dev/null", false, runner);
+  fs::permissions(store_dir_, fs::perms::owner_write, fs::perm_options::add);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("result     ok"));
+  // Without LOCK nobody holds the store, but verify cannot lock it either: a clear error.
+  fs::remove(fs::path(store_dir_) / "LOCK");
+  fs::permissions(store_dir_, fs::perms::owner_write, fs::perm_options::remove);
+  r = RunIdem({"store", "verify", store_dir_}, "/dev/null", false, runner);
+  fs::permissions(store_dir_, fs::perms::owner_write, fs::perm_options::add);
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("LOCK"), HasSubstr("ermission denied")));
 }
 
 // A directory with no log files is no store (say, a mistyped path): verify and repair fail

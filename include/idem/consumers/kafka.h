@@ -67,13 +67,17 @@
 
 namespace idem::kafka {
 
+// Below this, a heartbeat (a third of the session) is due every few milliseconds, and the group
+// drops a consumer that spends longer than the session between two polls on one batch.
+inline constexpr std::chrono::milliseconds kMinSessionTimeout{1000};
+
 struct KafkaConsumerConfig {
   std::string brokers{};              // bootstrap.servers: "host:port,host:port"
   std::string group{};                // group.id; required
   std::vector<std::string> topics{};  // at least one
   std::string dlq_topic{};            // where DeadLetter publishes; empty: DeadLetter fails
   std::string client_id{};            // client.id; empty: librdkafka's default
-  std::chrono::milliseconds session_timeout{45'000};  // session.timeout.ms
+  std::chrono::milliseconds session_timeout{45'000};  // session.timeout.ms, >= kMinSessionTimeout
   // More librdkafka properties (name, value), applied last, so they override the above
   // (except the four group settings listed at the top, which the adapter relies on).
   std::vector<std::pair<std::string, std::string>> properties{};

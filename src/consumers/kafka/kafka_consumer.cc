@@ -194,8 +194,10 @@ Status KafkaBroker::Open() {
   for (const std::string& topic : config_.topics) {
     if (topic.empty()) return InvalidArgumentError("kafka: a topic name is empty");
   }
-  if (config_.session_timeout <= std::chrono::milliseconds(0)) {
-    return InvalidArgumentError("kafka property 'session.timeout.ms': must be positive");
+  if (config_.session_timeout < kMinSessionTimeout) {
+    return InvalidArgumentError(
+        "kafka property 'session.timeout.ms': " + std::to_string(config_.session_timeout.count()) +
+        " is below the adapter's minimum of " + std::to_string(kMinSessionTimeout.count()));
   }
 
   Conf conf(rd_kafka_conf_new());

@@ -105,6 +105,8 @@ TEST(KafkaConfigTest, MissingOrRefusedSettingsAreNamed) {
   c = good;
   c.session_timeout = 0ms;
   expect_invalid(c, "session.timeout.ms");
+  c.session_timeout = 999ms;  // a heartbeat every 333 ms at most: below the adapter's minimum
+  expect_invalid(c, "session.timeout.ms");
   // A good configuration opens without reaching the brokers.
   EXPECT_TRUE(OpenKafkaConsumer(good));
 }

@@ -156,6 +156,13 @@ class PosixFileSystem final : public FileSystem {
       }
     }
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno == EACCES || errno == EROFS)) {
+      // A directory this user may only read (a read-only mount, another user's store, which
+      // `idem store verify` reads): an existing LOCK locks as well opened for reading.
+      const int denied = errno;
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) errno = denied;
+    }
     if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int err = errno;
       if (fd >= 0) ::close(fd);

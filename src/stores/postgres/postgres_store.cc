@@ -636,6 +636,33 @@ Result<StoreStats> PostgresStore::Stats() {
   return st;
 }
 
+Status PostgresStore::Ready() {
+  {
+    auto conn = pool_.Take();
+    if (!conn) return conn.error();
+    PooledConnection pooled(pool_, std::move(*conn));
+    // A standby, or a database or role whose transactions are read-only, answers every read and
+    // refuses every write: not ready, though a read alone would say so.
+    const Params none;
+    auto r =
+        RunQuery(*pooled, "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')",
+                 none, nullptr, DeadlineIn(options_.statement_timeout));
+    if (!r) return r.error();
+    if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 2) return WrongShape("ready");
+    if (std::string_view(PQgetvalue(r->get(), 0, 0)) == "t") {
+      return UnavailableError(
+          "PostgreSQL is a standby (in recovery): it refuses writes; point the store at the "
+          "primary");
+    }
+    if (std::string_view(PQgetvalue(r->get(), 0, 1)) == "on") {
+      return UnavailableError(
+          "PostgreSQL transactions are read-only here (default_transaction_read_only for the "
+          "database or role): writes are refused");
+    }
+  }
+  return Store::Ready();  // and idem's own statements answer
+}
+
 Result<std::vector<std::uint64_t>> PostgresStore::TableBlocks(Connection& conn) {
   Params none;
   auto r = RunStatement(conn, kTableBlocks, none, DeadlineIn(options_.statement_timeout));

@@ -32,6 +32,7 @@ class PostgresStore final : public Store {
   static Result<std::unique_ptr<Store>> Open(const PostgresStoreOptions& options);
 
   std::string_view Name() const override { return "postgres"; }
+  Status Ready() override;
 
   Result<BeginAnswer> Begin(const BeginRequest& req) override;
   Result<WriteAnswer> Complete(const CompleteRequest& req) override;

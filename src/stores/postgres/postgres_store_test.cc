@@ -121,6 +121,13 @@ TEST(PostgresUrlTest, RejectsWhatIsWrongNamingIt) {
   rejects("postgres://h/db?connect_timeout=", "connect_timeout=");
   rejects("postgres://h/db?schema", "\"schema\" has no value");
   rejects("postgres://h/db?no_such_option=1", "no_such_option");
+  // Values libpq itself checks only when it connects (they were kUnavailable, exit 1).
+  rejects("postgres://h/db?sslmode=bogus", "sslmode=bogus is not one of disable, allow");
+  rejects("postgres://h:99999/db", "port 99999 is not a whole number from 1 to 65535");
+  rejects("postgres://h/db?port=5432,x", "port x is not");
+  rejects("postgres://h/db?target_session_attrs=primry", "target_session_attrs=primry");
+  rejects("postgres://h/db?gssencmode=on", "gssencmode=on");
+  EXPECT_TRUE(ParsePostgresStoreUrl("postgres://a,b/db?port=5432,5433&sslmode=verify-full"));
 }
 
 // ==== the schema ==============================================================================
@@ -238,6 +245,26 @@ TEST(PostgresSchemaTest, TheKeyLimitFitsAnIndexRow) {
   const std::string entity = key;
   auto v = (*store)->BeginVersioned({.scope = scope, .entity = entity, .version = 1});
   ASSERT_TRUE(v.has_value()) << v.error().ToString();
+}
+
+// A database that answers reads and refuses writes (a standby, default_transaction_read_only)
+// is not ready: /readyz asked only for a read, and said ready while every request got 503.
+TEST(PostgresSchemaTest, ADatabaseThatRefusesWritesIsNotReady) {
+  auto o = pg::testing::FreshStoreOptions();
+  ASSERT_TRUE(o.has_value()) << o.error().ToString();
+  ASSERT_TRUE(InitPostgresSchema(*o).ok());
+  auto writable = OpenPostgresStore(*o);
+  ASSERT_TRUE(writable.has_value()) << writable.error().ToString();
+  EXPECT_TRUE((*writable)->Ready().ok()) << (*writable)->Ready().ToString();
+
+  PostgresStoreOptions read_only = *o;
+  read_only.conninfo += read_only.conninfo.find('?') == std::string::npos ? "?" : "&";
+  read_only.conninfo += "options=-c%20default_transaction_read_only%3Don";
+  auto store = OpenPostgresStore(read_only);
+  ASSERT_TRUE(store.has_value()) << store.error().ToString();
+  EXPECT_THAT((*store)->Ready(), StatusIs(StatusCode::kUnavailable, HasSubstr("read-only here")));
+  EXPECT_FALSE((*store)->Begin({.scope = "s", .key = "k"}).has_value());
+  EXPECT_TRUE((*writable)->Ready().ok());
 }
 
 TEST(PostgresSchemaTest, NoServerIsUnavailable) {

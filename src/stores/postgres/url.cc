@@ -2,6 +2,7 @@
 #include <libpq-fe.h>
 
 #include <charconv>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,41 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view name, std::stri
   if (!d) return Bad(option + ": " + d.error().message());
   if (d->count() == 0 && !zero_ok) return Bad(option + " must be above 0");
   return d;
+}
+
+// libpq's PQconninfoParse checks the names of its options, not their values: a bad sslmode or
+// port surfaced only at the first connection, as kUnavailable (exit 1, "is the server down?").
+// These are the values libpq 15 takes for the options whose mistakes are plain to see.
+Status CheckLibpqValue(std::string_view name, std::string_view value) {
+  const auto one_of = [&](std::initializer_list<std::string_view> allowed) -> Status {
+    for (std::string_view a : allowed) {
+      if (value == a) return OkStatus();
+    }
+    std::string list;
+    for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+    return Bad(std::string(name) + "=" + std::string(value) + " is not one of " + list);
+  };
+  if (name == "sslmode") {
+    return one_of({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"});
+  }
+  if (name == "gssencmode" || name == "channel_binding")
+    return one_of({"disable", "prefer", "require"});
+  if (name == "target_session_attrs") {
+    return one_of({"any", "read-write", "read-only", "primary", "standby", "prefer-standby"});
+  }
+  if (name == "port") {  // one port, or one per host ("5432,5433"); empty: the default
+    std::string_view rest = value;
+    while (true) {
+      const std::size_t comma = rest.find(',');
+      const std::string_view port = rest.substr(0, comma);
+      if (!port.empty() && !ParseCount("port", port, 1, 65535)) {
+        return Bad("port " + std::string(port) + " is not a whole number from 1 to 65535");
+      }
+      if (comma == std::string_view::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -103,7 +139,12 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
     return Bad(why);
   }
+  Status values = OkStatus();
+  for (const PQconninfoOption* opt = parsed; opt->keyword != nullptr && values.ok(); ++opt) {
+    if (opt->val != nullptr) values = CheckLibpqValue(opt->keyword, opt->val);
+  }
   PQconninfoFree(parsed);
+  if (!values.ok()) return values;
   o.conninfo = std::move(conninfo);
   return o;
 }
