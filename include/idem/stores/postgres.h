@@ -123,12 +123,17 @@ class PgTransaction {
   PgTransaction& operator=(const PgTransaction&) = delete;
 
   // The transaction's connection, for libpq calls of the handler's own (blocking calls such as
-  // PQexecParams work). Leave the transaction open: no COMMIT, ROLLBACK or pipeline mode.
+  // PQexecParams work). Leave the transaction open: no COMMIT, ROLLBACK or pipeline mode. A
+  // handler that ends it anyway may have committed writes of its own: the receiver then stores
+  // the key as failed (whatever the failure policy), so it never runs again, and answers
+  // kDataLoss.
   PGconn* connection() const;
 
   // Runs one SQL statement with text parameters ($1, $2, ...; nullopt binds NULL). An error
   // (kInvalidArgument for an SQL error, kUnavailable for the connection or a timeout) leaves
-  // the transaction failed: nothing the handler wrote will commit.
+  // the transaction failed: nothing the handler wrote will commit. A statement that would end
+  // the transaction (COMMIT, END, ROLLBACK but ROLLBACK TO, ABORT, PREPARE TRANSACTION) is not
+  // run: kInvalidArgument, and the transaction is failed likewise.
   Result<PgRows> Exec(std::string_view sql,
                       std::span<const std::optional<std::string_view>> params = {});
   Result<PgRows> Exec(std::string_view sql,
@@ -168,7 +173,9 @@ using TransactionalHandler = std::function<HandlerResult(const HandlerContext&, 
 // but which returns success is not completed: its transaction is rolled back, the key released,
 // and Receive returns kAborted.
 //
-// Thread-safe. The store (from OpenPostgresStore), clock and metrics must outlive it.
+// Thread-safe. The store (from OpenPostgresStore), clock and metrics must outlive it. Over any
+// other store every Receive answers kInvalidArgument (a memory store in a unit test, say).
+// A handler that commits or rolls back on its own: see PgTransaction::connection().
 class TransactionalReceiver {
  public:
   TransactionalReceiver(Store& store, ReceiverOptions options);

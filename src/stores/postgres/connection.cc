@@ -137,10 +137,16 @@ std::string_view SqlState(const PGresult* r) {
   return s != nullptr ? std::string_view(s) : std::string_view();
 }
 
-Status StatusOfResult(const PGresult* r, std::string_view what) {
+std::string ResultErrorText(const PGresult* r, std::string_view what) {
   const std::string_view state = SqlState(r);
   std::string msg = std::string(what) + ": " + FirstLine(PQresultErrorMessage(r));
   if (!state.empty()) msg += " (SQLSTATE " + std::string(state) + ")";
+  return msg;
+}
+
+Status StatusOfResult(const PGresult* r, std::string_view what) {
+  const std::string_view state = SqlState(r);
+  std::string msg = ResultErrorText(r, what);
   const std::string_view cls = state.substr(0, 2);
   // Connection trouble, shutdown, timeouts, lock and resource limits, rolled-back transactions:
   // the call may succeed later.

@@ -97,6 +97,9 @@ class ArrayParam {
   std::uint32_t count_ = 0;
 };
 
+// "WHAT: the server's first line (SQLSTATE xxxxx)".
+std::string ResultErrorText(const PGresult* r, std::string_view what);
+
 // kUnavailable for the connection, timeouts, shutdowns and lock or resource limits (retry),
 // kFailedPrecondition when idem's schema objects are missing, kInternal otherwise.
 Status StatusOfResult(const PGresult* r, std::string_view what);

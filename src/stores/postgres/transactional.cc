@@ -4,10 +4,12 @@
 // IN_PROGRESS record whose lease a later delivery takes over; a lost lease makes the completion
 // fail, which rolls the handler's writes back. docs/postgres.md has the whole argument.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/receiver_parts.h"
 #include "idem/fingerprint.h"
@@ -43,6 +45,47 @@ Status Simple(pg::Connection& conn, std::string_view sql, std::chrono::milliseco
   return r ? OkStatus() : r.error();
 }
 
+// The statement's first `n` words, upper-cased, past blanks and comments ("-- ..." and
+// "/* ... */", not nested).
+std::vector<std::string> LeadingWords(std::string_view sql, std::size_t n) {
+  std::vector<std::string> words;
+  std::size_t i = 0;
+  while (i < sql.size() && words.size() < n) {
+    const char c = sql[i];
+    if (std::isspace(static_cast<unsigned char>(c)) != 0) {
+      ++i;
+    } else if (sql.substr(i, 2) == "--") {
+      const std::size_t nl = sql.find('\n', i);
+      i = nl == std::string_view::npos ? sql.size() : nl + 1;
+    } else if (sql.substr(i, 2) == "/*") {
+      const std::size_t end = sql.find("*/", i + 2);
+      i = end == std::string_view::npos ? sql.size() : end + 2;
+    } else {
+      std::string word;
+      while (i < sql.size() &&
+             (std::isalnum(static_cast<unsigned char>(sql[i])) != 0 || sql[i] == '_')) {
+        word += static_cast<char>(std::toupper(static_cast<unsigned char>(sql[i])));
+        ++i;
+      }
+      if (word.empty()) break;  // a symbol: no keyword statement
+      words.push_back(std::move(word));
+    }
+  }
+  return words;
+}
+
+// Whether `sql` would end the receiver's transaction: then its writes would commit without the
+// record, or a later statement run outside any transaction.
+bool EndsTheTransaction(std::string_view sql) {
+  const std::vector<std::string> w = LeadingWords(sql, 2);
+  if (w.empty()) return false;
+  const std::string_view second = w.size() > 1 ? std::string_view(w[1]) : std::string_view();
+  if (w[0] == "COMMIT" || w[0] == "END" || w[0] == "ABORT") return true;
+  if (w[0] == "ROLLBACK") return second != "TO";  // ROLLBACK TO SAVEPOINT stays inside
+  if (w[0] == "PREPARE") return second == "TRANSACTION";
+  return false;
+}
+
 // The options of the receiver that only extracts and checks keys: it runs no handler.
 ReceiverOptions KeysOnly(ReceiverOptions o) {
   o.keep_leases = false;
@@ -57,6 +100,14 @@ PGconn* PgTransaction::connection() const { return conn_->get(); }
 
 Result<PgRows> PgTransaction::Exec(std::string_view sql,
                                    std::span<const std::optional<std::string_view>> params) {
+  if (EndsTheTransaction(sql)) {
+    Status s = InvalidArgumentError(
+        "PgTransaction::Exec: \"" + std::string(sql.substr(0, 40)) +
+        "\" would end the receiver's transaction; the receiver commits it with the record "
+        "(or rolls it back), never the handler. Not run, and nothing will commit");
+    if (failure_.ok()) failure_ = s;
+    return s;
+  }
   auto r = conn_->ExecText(sql, params, pg::DeadlineIn(timeout_));
   if (!r) {
     if (failure_.ok()) failure_ = r.error();
@@ -66,7 +117,10 @@ Result<PgRows> PgTransaction::Exec(std::string_view sql,
   const ExecStatusType st = PQresultStatus(res);
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
     Status s = pg::StatusOfResult(res, "statement failed");
-    if (s.code() != StatusCode::kUnavailable) s = InvalidArgumentError(s.message());
+    // The handler's own SQL: its errors are its own (no hint about idem's schema).
+    if (s.code() != StatusCode::kUnavailable) {
+      s = InvalidArgumentError(pg::ResultErrorText(res, "statement failed"));
+    }
     if (failure_.ok()) failure_ = s;
     return s;
   }
@@ -96,8 +150,13 @@ TransactionalReceiver::TransactionalReceiver(Store& store, ReceiverOptions optio
       options_status_(core::CheckReceiverOptions(options_)),
       clock_(options_.clock != nullptr ? *options_.clock : Clock::System()),
       keys_(store, KeysOnly(options_)) {
-  IDEM_CHECK_MSG(pg::AsPostgres(store) != nullptr,
-                 "TransactionalReceiver needs a store from OpenPostgresStore");
+  if (pg::AsPostgres(store) == nullptr) {
+    options_status_ = InvalidArgumentError(
+        "TransactionalReceiver needs a store from OpenPostgresStore, not the " +
+        std::string(store.Name()) +
+        " store: only PostgreSQL commits a handler's writes with "
+        "the record");
+  }
   if (options_.keep_leases && options_status_.ok()) {
     keeper_ = std::make_unique<core::LeaseKeeper>(options_.lease / 8);
   }
@@ -166,12 +225,32 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
                 .attempt = acquired.attempt};
   // The handler may have left the connection unusable (its own libpq calls): then closing it is
   // the rollback.
+  // Checked before the pipeline: leaving a transaction block is what a raw COMMIT shows as.
+  const bool ended = PQtransactionStatus(conn->get()) == PQTRANS_IDLE;
   const bool usable = conn->ReenterPipeline().ok() && conn->Healthy();
   const bool in_error = !usable || PQtransactionStatus(conn->get()) != PQTRANS_INTRANS;
   const auto rollback = [&] {
     if (usable && !Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
     if (!usable) (void)conn->Fail("the handler left the connection unusable");
   };
+
+  if (ended) {
+    // The handler ended the transaction through its own libpq calls: what it wrote before may
+    // have committed, without the record. Running it again could apply it twice, so the key
+    // is stored as failed (never released), and the caller is told the effect is unknown.
+    auto stored = store_.Complete({options_.scope, key, acquired.token, Outcome::kFailure,
+                                   "the handler ended its transaction itself; its writes may "
+                                   "have committed",
+                                   options_.failure_retention});
+    if (m != nullptr) m->store_errors->Inc();
+    return DataLossError(
+        "the handler ended its transaction itself (COMMIT or ROLLBACK on its connection): its "
+        "writes may have committed without the record; the key was stored as failed, not "
+        "released, so it will not run again" +
+        std::string(stored ? ""
+                           : " (storing it failed too: " + stored.error().ToString() +
+                                 "; it stays in progress until its lease ends)"));
+  }
 
   if (result.outcome == Outcome::kSuccess && (in_error || !tx.failure().ok())) {
     // It says success, but a statement of its transaction failed: nothing may commit.

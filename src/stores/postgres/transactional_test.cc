@@ -16,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "idem/stores/memory.h"
 #include "idem/stores/postgres.h"
 #include "stores/postgres/testing.h"
 #include "stores/store_contract.h"
@@ -26,7 +27,9 @@ namespace idem {
 namespace {
 
 using namespace std::chrono_literals;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::Optional;
 
 MATCHER(IsNone, "is empty") { return !arg.has_value(); }
@@ -301,6 +304,91 @@ TEST_F(TransactionalTest, HandlerMayUseTheConnectionItself) {
   });
   ASSERT_TRUE(r.has_value()) << r.error().ToString();
   EXPECT_EQ(r->delivery, Delivery::kExecuted);
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+// A COMMIT or ROLLBACK through Exec ran: the write before it committed on its own, the key was
+// then released (or reported "nothing was committed"), and the next delivery wrote again.
+TEST_F(TransactionalTest, AStatementThatWouldEndTheTransactionIsNotRun) {
+  TransactionalReceiver receiver(*store_, Options());
+  const std::string insert =
+      "INSERT INTO " + Effects() + " (key, attempt, note) VALUES ($1, 1, $2)";
+  auto r = receiver.Receive({.key = "k5"}, [&](const HandlerContext& c, PgTransaction& tx) {
+    ++runs_;
+    EXPECT_TRUE(tx.Exec(insert, {c.key, "first"}).has_value());
+    for (const char* sql : {"COMMIT", " end;", "-- note\n/* x */ Rollback", "abort",
+                            "PREPARE TRANSACTION 'p1'", "commit and chain"}) {
+      EXPECT_THAT(tx.Exec(sql), StatusIs(StatusCode::kInvalidArgument,
+                                         HasSubstr("would end the receiver's transaction")))
+          << sql;
+    }
+    // The handler's own missing table is its own mistake, not idem's schema.
+    EXPECT_THAT(
+        tx.Exec("SELECT 1 FROM no_such_table_of_the_handler"),
+        StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("no_such_table_of_the_handler"),
+                                                     Not(HasSubstr("idem store init")))));
+    return HandlerResult{Outcome::kFailure, "declined"};
+  });
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->outcome, Outcome::kFailure);
+  EXPECT_TRUE(r->released);
+  EXPECT_EQ(EffectCount(), 0) << "the failure's rollback took the write back";
+
+  // Success after a refused ROLLBACK: the transaction failed, nothing commits.
+  r = receiver.Receive({.key = "k6"}, [&](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec(insert, {c.key, "before"}).has_value());
+    EXPECT_FALSE(tx.Exec("ROLLBACK").has_value());
+    return HandlerResult{Outcome::kSuccess, "ok"};
+  });
+  EXPECT_THAT(r, StatusIs(StatusCode::kAborted, HasSubstr("nothing was committed")));
+  EXPECT_EQ(EffectCount(), 0);
+
+  // ROLLBACK TO SAVEPOINT stays inside the transaction: allowed.
+  r = receiver.Receive({.key = "k7"}, [&](const HandlerContext& c, PgTransaction& tx) {
+    EXPECT_TRUE(tx.Exec("SAVEPOINT a").has_value());
+    EXPECT_TRUE(tx.Exec(insert, {c.key, "undone"}).has_value());
+    EXPECT_TRUE(tx.Exec("ROLLBACK TO SAVEPOINT a").has_value());
+    EXPECT_TRUE(tx.Exec(insert, {c.key, "kept"}).has_value());
+    return HandlerResult{Outcome::kSuccess, "ok"};
+  });
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(EffectCount(), 1);
+}
+
+// Over another store there is no transaction to give the handler: each Receive says so (it
+// aborted the process).
+TEST(TransactionalReceiverTest, AnotherStoreIsAnErrorNotACrash) {
+  auto memory = NewMemoryStore();
+  TransactionalReceiver receiver(*memory, ReceiverOptions{});
+  int runs = 0;
+  auto r = receiver.Receive({.key = "k"}, [&](const HandlerContext&, PgTransaction&) {
+    ++runs;
+    return HandlerResult{};
+  });
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument,
+                          AllOf(HasSubstr("OpenPostgresStore"), HasSubstr("memory"))));
+  EXPECT_EQ(runs, 0);
+}
+
+// A handler that commits through its own libpq calls may have applied its writes: the key is
+// stored as failed, so a redelivery replays that instead of writing again.
+TEST_F(TransactionalTest, AHandlerThatEndsTheTransactionItselfNeverRunsAgain) {
+  TransactionalReceiver receiver(*store_, Options());  // the default failure policy: release
+  const auto handler = [&](const HandlerContext& c, PgTransaction& tx) {
+    ++runs_;
+    EXPECT_TRUE(tx.Exec("INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)", {c.key})
+                    .has_value());
+    PQclear(PQexec(tx.connection(), "COMMIT"));
+    return HandlerResult{Outcome::kFailure, "declined"};
+  };
+  auto r = receiver.Receive({.key = "k"}, handler);
+  EXPECT_THAT(r, StatusIs(StatusCode::kDataLoss, HasSubstr("will not run again")));
+  EXPECT_EQ(EffectCount(), 1);
+  r = receiver.Receive({.key = "k"}, handler);
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kReplayed);
+  EXPECT_EQ(r->outcome, Outcome::kFailure);
+  EXPECT_EQ(runs_.load(), 1);
   EXPECT_EQ(EffectCount(), 1);
 }
 
