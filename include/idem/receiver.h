@@ -16,7 +16,9 @@
 // acknowledged to the transport: kInvalidArgument (bad key, bad JSON), kUnavailable (the store
 // failed; the handler did not run — or it ran and its outcome could not be stored, and a later
 // delivery will run it again after the lease with attempt+1), kAborted (the handler ran but its
-// lease was lost to a newer worker, which owns the outcome).
+// lease was lost to a newer worker, which owns the outcome), kFailedPrecondition (the handler
+// ran but the store refused its outcome, e.g. a response over the store's limit: a failure
+// saying so is stored in its place, which duplicates replay, so the handler does not run again).
 //
 // Thread-safe. The store, clock and metrics must outlive the receiver.
 #ifndef IDEM_RECEIVER_H_

@@ -158,6 +158,7 @@ struct Completion {
   std::size_t item = 0;
   Outcome outcome = Outcome::kSuccess;
   std::string response{};
+  bool refused = false;  // the store refused the handler's outcome: this is what is stored instead
 };
 
 // Numbers a batch's partitions 0, 1, ... in order of first appearance (into `names`). A batch
@@ -959,6 +960,17 @@ struct Consumer::Impl {
         const std::size_t c = pending[k];
         Item& item = r.items[r.completions[c].item];
         if (k >= results.size() || !results[k]) {
+          Completion& done = r.completions[c];
+          if (k < results.size() && results[k].error().code() == StatusCode::kInvalidArgument &&
+              !done.refused) {
+            // The store will never take this outcome (a response over its limit), and handing
+            // the message back would run the handler again: a failure that says why is stored
+            // in its place, for duplicates to replay.
+            done.response =
+                core::RefusedOutcomeText({done.outcome, done.response}, results[k].error());
+            done.outcome = Outcome::kFailure;
+            done.refused = true;
+          }
           again.push_back(c);
           continue;
         }

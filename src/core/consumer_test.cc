@@ -3,6 +3,7 @@
 // and brokers. The broker adapters have their own tests against real brokers.
 #include "idem/consumer.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@ using std::chrono::milliseconds;
 using testing::FakeBroker;
 using testing::FakeClock;
 using testing::FaultyStore;
+using ::testing::HasSubstr;
 using testing::HeaderOf;
 
 class ConsumerTest : public ::testing::TestWithParam<bool> {
@@ -616,6 +618,38 @@ TEST_P(ConsumerTest, CompletionThatCannotBeStoredIsNotAcknowledged) {
   ASSERT_EQ(runs_.size(), 4u);
   EXPECT_EQ(runs_[2].attempt, 2u);
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+}
+
+// A response the store refuses (over its limit): handing the message back ran the handler
+// again after each lease. A failure saying why is stored in its place, and the message is
+// acknowledged; a redelivery replays it.
+TEST_P(ConsumerTest, AnOutcomeTheStoreRefusesIsStoredAsAFailureNotRunAgain) {
+  FaultyStore faulty(*store_);
+  faulty.RefuseResponsesOver(300);  // what is stored instead is shorter
+  broker_.PublishKeyed("p0", "a");
+  broker_.PublishKeyed("p0", "b");
+  const MessageHandler recording = Recording();
+  Consumer consumer(
+      faulty, broker_,
+      [&](const HandlerContext& c, const BrokerMessage& m) {
+        HandlerVerdict v = recording(c, m);
+        v.detail.resize(1000, 'r');
+        return v;
+      },
+      Options());
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_EQ(runs_.size(), 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+  auto rec = store_->Get("payments", "a");
+  ASSERT_TRUE(rec.has_value() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->outcome, Outcome::kFailure);
+  EXPECT_THAT((*rec)->response, HasSubstr("the store refused its outcome (success, a 1000-byte"));
+  clock_.Advance(milliseconds(60'000));  // past any lease
+  broker_.PublishKeyed("p0", "a");
+  Drain(consumer);
+  EXPECT_EQ(runs_.size(), 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 3u);
 }
 
 TEST_P(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {

@@ -75,6 +75,12 @@ using core::StoreError;
 
 namespace core {
 
+std::string RefusedOutcomeText(const HandlerResult& result, const Status& refused) {
+  return "idem: the handler ran, but the store refused its outcome (" +
+         std::string(result.outcome == Outcome::kSuccess ? "success" : "failure") + ", a " +
+         std::to_string(result.response.size()) + "-byte response): " + refused.message();
+}
+
 Status StoreError(const Status& s, std::string_view what) {
   if (s.code() == StatusCode::kInvalidArgument) return s;
   return UnavailableError(std::string(what) + ": " + s.ToString());
@@ -540,7 +546,10 @@ Result<Delivered> Receiver::Finish(std::string_view key, std::uint32_t attempt,
   // mid-way, "not yours" most likely means that try landed.
   const auto tried = [&](const auto& write) {
     Result<WriteAnswer> w = write();
-    for (int t = 1; t < kWriteTries && !w; ++t) {
+    // kInvalidArgument: the store refuses the write itself (a response over its limit), and
+    // would again.
+    for (int t = 1; t < kWriteTries && !w && w.error().code() != StatusCode::kInvalidArgument;
+         ++t) {
       if (m != nullptr) m->store_errors->Inc();
       clock_.SleepFor(kWriteRetryPause * t);
       w = write();
@@ -565,9 +574,29 @@ Result<Delivered> Receiver::Finish(std::string_view key, std::uint32_t attempt,
         (result.outcome == Outcome::kSuccess ? m->complete_success : m->complete_failure)->Inc();
       }
     }
+    if (!written && written.error().code() == StatusCode::kInvalidArgument) {
+      // The store will never take this outcome, and releasing the key would run the handler
+      // again: a failure that says why is stored in its place, for duplicates to replay.
+      const Status refused = written.error();
+      const HandlerResult in_place{Outcome::kFailure, core::RefusedOutcomeText(result, refused)};
+      written = tried([&] { return complete(in_place, options_.failure_retention); });
+      if (written && *written == WriteAnswer::kApplied) {
+        if (m != nullptr) m->complete_failure->Inc();
+        return FailedPreconditionError(
+            "handler ran (attempt " + std::to_string(attempt) +
+            ") but the store refused its outcome (" + refused.message() +
+            "); a failure saying so was stored instead, which duplicates replay: the handler "
+            "will not run again for this key");
+      }
+    }
   }
   if (!written) {
     if (m != nullptr) m->store_errors->Inc();
+    if (written.error().code() == StatusCode::kInvalidArgument) {
+      return FailedPreconditionError(
+          "handler ran but the store refused its outcome: " + written.error().message() +
+          "; the key stays in progress until its lease ends");
+    }
     return StoreError(written.error(), "handler ran but its outcome could not be stored");
   }
   if (*written == WriteAnswer::kLeaseLost) {

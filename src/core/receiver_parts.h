@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "core/lease_keeper.h"
@@ -23,6 +24,11 @@ namespace idem::core {
 // Store errors become kUnavailable (retry the call) unless they say the input is bad: the
 // receiver fails closed and never turns a store error into a guess.
 Status StoreError(const Status& s, std::string_view what);
+
+// What is stored, as a failure, in place of an outcome the store refused (kInvalidArgument: a
+// response over its limit) after the handler ran: the key must not be released, or the handler
+// would run again.
+std::string RefusedOutcomeText(const HandlerResult& result, const Status& refused);
 
 // options' durations and limits, checked before any store call (kInvalidArgument naming the
 // option): the receivers refuse every Receive with it.

@@ -18,6 +18,7 @@ namespace idem {
 namespace {
 
 using std::chrono::milliseconds;
+using ::testing::AllOf;
 using testing::FakeClock;
 using testing::FaultyStore;
 using ::testing::HasSubstr;
@@ -403,6 +404,38 @@ TEST_F(ReceiverTest, AWriteTheStoreFailsTwiceIsTriedAgain) {
   auto rerun = r.Receive({.key = "f"}, Counting());
   ASSERT_TRUE(rerun);
   EXPECT_EQ(rerun->delivery, Delivery::kExecuted);  // released, so run at once: not Busy
+}
+
+// A response the store refuses (over its limit) after the handler ran: the key was left
+// IN_PROGRESS, and after each lease the next delivery charged again. Now a failure saying why is
+// stored in its place, once (the refusal is not retried), and duplicates replay it.
+TEST_F(ReceiverTest, AnOutcomeTheStoreRefusesIsStoredAsAFailureNotRunAgain) {
+  FaultyStore faulty(*store_);
+  faulty.RefuseResponsesOver(300);  // what is stored instead is shorter
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(faulty, o);
+  const auto big = [&](const HandlerContext&) {
+    ++runs_;
+    return HandlerResult{Outcome::kSuccess, std::string(1000, 'r')};
+  };
+  auto res = r.Receive({.key = "k"}, big);
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(res.error().message(),
+              AllOf(HasSubstr("handler ran (attempt 1)"), HasSubstr("1000 bytes"),
+                    HasSubstr("will not run again")));
+  EXPECT_EQ(metrics.complete_failure->Value(), 1u);
+  clock_.Advance(milliseconds(5000));  // past any lease
+  auto again = r.Receive({.key = "k"}, big);
+  ASSERT_TRUE(again) << again.error().ToString();
+  EXPECT_EQ(again->delivery, Delivery::kReplayed);
+  EXPECT_EQ(again->outcome, Outcome::kFailure);
+  EXPECT_THAT(again->response, AllOf(HasSubstr("the handler ran"), HasSubstr("1000-byte response"),
+                                     HasSubstr("at most 300")));
+  EXPECT_EQ(runs_.load(), 1);
 }
 
 TEST_F(ReceiverTest, LeaseLostToANewerWorkerIsAborted) {

@@ -25,8 +25,16 @@ Result<BeginAnswer> FaultyStore::Begin(const BeginRequest& req) {
   IDEM_FAULT(kBegin);
   return inner_.Begin(req);
 }
+Status FaultyStore::TooLong(std::string_view response) const {
+  const std::size_t max = max_response_.load();
+  if (response.size() <= max) return OkStatus();
+  return InvalidArgumentError("response is " + std::to_string(response.size()) +
+                              " bytes; this store holds at most " + std::to_string(max));
+}
+
 Result<WriteAnswer> FaultyStore::Complete(const CompleteRequest& req) {
   IDEM_FAULT(kComplete);
+  IDEM_RETURN_IF_ERROR(TooLong(req.response));
   return inner_.Complete(req);
 }
 Result<WriteAnswer> FaultyStore::Release(std::string_view scope, std::string_view key,
@@ -69,6 +77,7 @@ Result<BeginAnswer> FaultyStore::BeginSequenced(const SequencedBeginRequest& req
 }
 Result<WriteAnswer> FaultyStore::CompleteSequenced(const SequencedCompleteRequest& req) {
   IDEM_FAULT(kSession);
+  IDEM_RETURN_IF_ERROR(TooLong(req.response));
   return inner_.CompleteSequenced(req);
 }
 Result<WriteAnswer> FaultyStore::ReleaseSequenced(std::string_view scope,

@@ -3,6 +3,7 @@
 #define IDEM_TESTS_SUPPORT_FAULTY_STORE_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <utility>
@@ -38,6 +39,9 @@ class FaultyStore : public Store {
     budget_.store(n);
     failing_.store(ops);
   }
+  // From now on a completion whose response is longer than `bytes` is refused with
+  // kInvalidArgument, as a store with a response limit refuses it (the log store's is ~64 MiB).
+  void RefuseResponsesOver(std::size_t bytes) { max_response_.store(bytes); }
   // How many calls were refused.
   std::uint64_t refused() const { return refused_.load(); }
   // What Broken() says from now on (a store failed for good), or ok again.
@@ -81,7 +85,9 @@ class FaultyStore : public Store {
 
  private:
   bool Refuse(Op op);
+  Status TooLong(std::string_view response) const;
   Store& inner_;
+  std::atomic<std::size_t> max_response_{SIZE_MAX};
   std::atomic<std::uint32_t> failing_{0};
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::int64_t> budget_{-1};  // calls left to refuse; -1: no bound
