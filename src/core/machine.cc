@@ -188,6 +188,12 @@ Status CheckSession(const SessionRequest& r, std::size_t max_key_bytes) {
 Status CheckSequenced(const SequencedBeginRequest& r, std::size_t max_key_bytes) {
   IDEM_RETURN_IF_ERROR(CheckClient(r.scope, r.client_id, max_key_bytes));
   if (r.seq == 0) return InvalidArgumentError("sequence number 0: numbers start at 1");
+  if (r.ack >= r.seq) {
+    // It would drop the request's own record and answer it Stale, never having run it.
+    return InvalidArgumentError("acknowledgement " + std::to_string(r.ack) +
+                                " is not below the request's own number " + std::to_string(r.seq) +
+                                ": a client acknowledges only responses it has received");
+  }
   return CheckLease(r.lease);
 }
 

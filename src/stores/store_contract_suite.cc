@@ -1455,8 +1455,17 @@ TEST_P(StoreContractTest, AckInsideBeginSequencedIsAppliedFirst) {
   ASSERT_TRUE(info.has_value()) << info.error().ToString();
   EXPECT_EQ(info->low_water, 2u);
   EXPECT_EQ(info->outstanding, 1u);
-  // A request may acknowledge itself: it is stale.
-  ExpectStale(store_->BeginSequenced(SeqOf("c", 6, 6)));
+  // A request cannot acknowledge itself or a later number (the client cannot have their
+  // responses): that was answered Stale, so a request that never ran was dropped.
+  EXPECT_THAT(store_->BeginSequenced(SeqOf("c", 6, 6)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("acknowledgement 6 is not below")));
+  EXPECT_THAT(store_->BeginSequenced(SeqOf("c", 3, 9)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("acknowledgement 9 is not below")));
+  // Refused whole: the acknowledgement was not applied either.
+  const Result<SessionInfo> after = store_->Acknowledge(Scope(), "c", 0);
+  ASSERT_TRUE(after.has_value()) << after.error().ToString();
+  EXPECT_EQ(after->low_water, 2u);
+  EXPECT_EQ(after->outstanding, 1u);
 }
 
 TEST_P(StoreContractTest, UnknownSessionIsRefused) {
