@@ -6,7 +6,8 @@
 //                             [&](const idem::HandlerContext& c) -> idem::HandlerResult {
 //                               return {idem::Outcome::kSuccess, Charge(c.key, c.attempt)};
 //                             });
-//   if (!r) { /* store unreachable or bad input: do not acknowledge; retry later */ }
+//   if (!r) { /* kInvalidArgument: bad input, dead-letter it; else: do not ack, retry later */ }
+//   else if (r->released) { /* the handler failed and its key was released: retry later */ }
 //
 // Answers (Delivered::delivery): kExecuted (the handler ran here), kReplayed (stored outcome),
 // kCoalesced (a concurrent duplicate in this process waited for the first execution and got its
@@ -149,7 +150,7 @@ std::string_view DeliveryName(Delivery d);
 
 struct Delivered {
   Delivery delivery = Delivery::kExecuted;
-  std::string key{};                    // the key used (after extraction)
+  std::string key{};  // the key used (after extraction); ENTITY#VERSION, CLIENT#SEQ
   Outcome outcome = Outcome::kSuccess;  // kExecuted, kReplayed, kCoalesced
   std::string response{};               // kExecuted, kReplayed, kCoalesced
   std::uint32_t attempt = 0;            // the attempt that produced the outcome

@@ -174,12 +174,19 @@ void LeaseHold::Keep() {
 // Durations the store would refuse only once the handler had run (Complete with a retention
 // out of range): refused before any call instead.
 Status CheckReceiverOptions(const ReceiverOptions& o) {
-  for (Status s :
-       {CheckLease(o.lease), CheckRetention(o.retention), CheckRetention(o.failure_retention)}) {
+  for (Status s : {CheckLease(o.lease), CheckRetention(o.retention)}) {
     if (!s.ok()) return InvalidArgumentError("receiver options: " + s.message());
+  }
+  // CheckRetention names "retention": this one is failure_retention.
+  if (Status s = CheckRetention(o.failure_retention); !s.ok()) {
+    return InvalidArgumentError("receiver options: failure_" + s.message());
   }
   if (o.keep_leases_for.count() < 0) {
     return InvalidArgumentError("receiver options: keep_leases_for is negative");
+  }
+  if (o.busy_wait.count() < 0) {  // it waited not at all, silently
+    return InvalidArgumentError("receiver options: busy_wait is negative, got " +
+                                std::to_string(o.busy_wait.count()) + "ms");
   }
   return OkStatus();
 }
@@ -422,23 +429,24 @@ Result<Delivered> Receiver::RunVersioned(const Message& message, const Handler& 
     return core::TimedBegin(store_, req, options_.metrics,
                             options_.busy_policy != BusyPolicy::kReject);
   });
-  std::string entity(message.entity);
+  const std::string entity(message.entity);
+  // The handler's key, and the answer's, names the version, so that a downstream call made with
+  // it is one per version.
+  std::string version_key = entity + "#" + std::to_string(message.version);
   if (!answer) return StoreError(answer.error(), "begin failed; handler not run");
   const auto* acquired = std::get_if<Acquired>(&*answer);
   if (acquired == nullptr) {
     return Delivered{
         .delivery = std::holds_alternative<Busy>(*answer) ? Delivery::kBusy : Delivery::kStale,
-        .key = std::move(entity)};
+        .key = std::move(version_key)};
   }
-  // Entities have no Extend: the lease is not kept, so the handler must end within it. Its key
-  // names the version, so that a downstream call made with it is one per version.
-  const std::string version_key = entity + "#" + std::to_string(message.version);
+  // Entities have no Extend: the lease is not kept, so the handler must end within it.
   HandlerResult result = Invoke(version_key, *acquired, message, handler, /*keeper=*/nullptr);
   const Token token = acquired->token;
   // kRemember: a failure is final here too. The version counts as applied and a redelivery of
   // it is Stale: an entity keeps its highest applied version, not outcomes.
   return Finish(
-      entity, acquired->attempt, std::move(result),
+      version_key, acquired->attempt, std::move(result),
       [&](const HandlerResult&) { return store_.ReleaseVersioned(options_.scope, entity, token); },
       [&](const HandlerResult&, std::chrono::milliseconds retention) {
         return store_.CompleteVersioned({options_.scope, entity, token, retention});

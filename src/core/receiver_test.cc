@@ -523,6 +523,22 @@ TEST(ReceiverKeptLeaseTest, PastKeepLeasesForTheKeyIsTakenOver) {
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(refused.error().message(), "receiver options: keep_leases_for is negative");
+
+  // Each duration names itself (a bad failure_retention was "retention must be positive"), and
+  // a negative busy_wait is refused (it waited not at all).
+  o.keep_leases_for = milliseconds(0);
+  o.failure_retention = milliseconds(-5);
+  auto named = Receiver(*store, o).Receive({.key = "x"},
+                                           [](const HandlerContext&) { return HandlerResult{}; });
+  ASSERT_FALSE(named);
+  EXPECT_EQ(named.error().message(),
+            "receiver options: failure_retention must be positive, got -5ms");
+  o.failure_retention = milliseconds(1000);
+  o.busy_wait = milliseconds(-1);
+  auto negative = Receiver(*store, o).Receive(
+      {.key = "x"}, [](const HandlerContext&) { return HandlerResult{}; });
+  ASSERT_FALSE(negative);
+  EXPECT_EQ(negative.error().message(), "receiver options: busy_wait is negative, got -1ms");
 }
 
 // Many concurrent long handlers share the receiver's one keeper; each keeps its own key.
@@ -748,12 +764,17 @@ TEST_F(ReceiverTest, VersionedMessagesRunInOrderAndStaleOnesAreDroppedAndCounted
   EXPECT_EQ(runs_.load(), 2);
   // The handler's key names the version: a downstream call made with it is one per version.
   std::string key;
-  ASSERT_TRUE(r.Receive({.entity = "acct-7", .version = 4}, [&](const HandlerContext& c) {
+  auto four = r.Receive({.entity = "acct-7", .version = 4}, [&](const HandlerContext& c) {
     key = std::string(c.key);
     return HandlerResult{};
-  }));
+  });
+  ASSERT_TRUE(four);
   EXPECT_EQ(key, "acct-7#4");
-  EXPECT_EQ(metrics.begin_stale->Value(), 2u);
+  EXPECT_EQ(four->key, "acct-7#4");  // the answer's key is the handler's (it was the entity)
+  auto stale = r.Receive({.entity = "acct-7", .version = 2}, Counting());
+  ASSERT_TRUE(stale);
+  EXPECT_EQ(stale->key, "acct-7#2");
+  EXPECT_EQ(metrics.begin_stale->Value(), 3u);
   EXPECT_EQ(metrics.begin_acquired->Value(), 3u);
   EXPECT_EQ(metrics.complete_success->Value(), 3u);
   auto v = store_->GetVersion("payments", "acct-7");

@@ -58,13 +58,13 @@ namespace idem::redis_streams {
 struct RedisStreamsConfig {
   // redis://[[user]:password@]host[:port][/db]; the port defaults to 6379. One node: streams
   // are read together with one XREADGROUP, which a Redis Cluster allows only in one slot.
-  std::string url;
-  std::vector<std::string> streams;  // one or more, each read in entry order
-  std::string group;                 // the consumer group
+  std::string url{};
+  std::vector<std::string> streams{};  // one or more, each read in entry order
+  std::string group{};                 // the consumer group
   // This consumer's name in the group. Keep it stable across restarts: a restarted process
   // finds its own pending entries under it. Two live processes must not share it.
-  std::string consumer;
-  std::string dlq_stream;  // dead letters are XADDed here
+  std::string consumer{};
+  std::string dlq_stream{};  // dead letters are XADDed here
   std::string payload_field = "payload";
   // XGROUP CREATE stream group 0 MKSTREAM when the group is missing (the group then reads each
   // stream from its start). false: a missing group is kFailedPrecondition at open.

@@ -37,7 +37,7 @@ namespace idem {
 enum class SyncMode : std::uint8_t { kAlways, kInterval, kNone };
 
 struct LogStoreOptions {
-  std::string dir;  // created if missing
+  std::string dir{};  // created if missing
   SyncMode sync = SyncMode::kAlways;
   std::chrono::milliseconds sync_interval{100};  // kInterval only
   Clock* clock = nullptr;                        // nullptr: Clock::System()
@@ -52,7 +52,7 @@ struct LogStoreOptions {
   double compact_ratio = 1.5;
   std::uint64_t compact_min_bytes = 64u << 20;
   // Where warnings go (a torn tail cut off on open); default: stderr.
-  std::function<void(std::string_view)> warn;
+  std::function<void(std::string_view)> warn{};
 };
 
 // "log:/var/lib/idem?sync=interval:50" -> options. Accepts sync=always|none|interval:<ms>.

@@ -4,7 +4,7 @@
 //   idem::PostgresStoreOptions o = *idem::ParsePostgresStoreUrl(
 //       "postgres://idem@db.internal:5432/app?schema=idem");
 //   IDEM_CHECK(idem::InitPostgresSchema(o).ok());   // once, or `idem store init URL`
-//   auto store = idem::OpenPostgresStore(o);
+//   auto store = idem::OpenPostgresStore(o).value();  // a Result: check it in real code
 //
 // Every call is one atomic statement (a PL/pgSQL function where a decision needs the old record)
 // on a pooled connection. Calls that arrive together are pipelined on one connection and

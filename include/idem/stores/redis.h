@@ -42,7 +42,7 @@ namespace idem {
 struct RedisStoreOptions {
   // "host:port" (or "[v6]:port"). One node, or for a cluster any nodes of it (seeds: the store
   // reads the slot map from the first one that answers).
-  std::vector<std::string> nodes;
+  std::vector<std::string> nodes{};
   bool cluster = false;
   // Every key the store makes starts with this (short: it is in every key). Several stores may
   // share a Redis by using different prefixes.
@@ -62,8 +62,8 @@ struct RedisStoreOptions {
   int wait_replicas = 0;
   std::chrono::milliseconds wait_timeout{1000};
   // AUTH on every connection when set (with `user` too for Redis 6 ACL users).
-  std::string user;
-  std::string password;
+  std::string user{};
+  std::string password{};
   // Single node only: the database number (SELECT).
   int database = 0;
   // Every record has a TTL, so a Redis whose maxmemory-policy evicts (volatile-*, allkeys-*)
