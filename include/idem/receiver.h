@@ -21,7 +21,9 @@
 // ran but the store refused its outcome, e.g. a response over the store's limit: a failure
 // saying so is stored in its place, which duplicates replay, so the handler does not run again).
 //
-// Thread-safe. The store, clock and metrics must outlive the receiver.
+// Thread-safe. The store, clock and metrics must outlive the receiver (and every Receive still
+// running). A handler must not Receive its own key: that answers Busy (at once with kReject,
+// after busy_wait with kWait and kCoalesce).
 #ifndef IDEM_RECEIVER_H_
 #define IDEM_RECEIVER_H_
 
