@@ -251,11 +251,14 @@ class Consumer {
   // stopped the round (nothing unsettled was acknowledged). With options.pipeline the round
   // polls a batch and begins it, runs the previous batch's handlers and acknowledges the one
   // before that; what it leaves in flight is finished by the next rounds, or by Flush().
+  // kInvalidArgument when the options' lease or retentions are out of range (above 0, at most
+  // 10 years), before anything else.
   Result<std::size_t> RunOnce();
   // Runs, completes and acknowledges what pipelined rounds left in flight, then waits for the
   // broker's answers to the acknowledgements (Broker::Settle); ok when nothing was left.
   Status Flush();
-  // Rounds until Stop(), then Flush(); backs off after errors.
+  // Rounds until Stop(), then Flush(); backs off after errors. Returns at once when the options
+  // are out of range (RunOnce says why).
   void Run();
   // Ends Run() after its current message; safe from any thread.
   void Stop();

@@ -22,6 +22,7 @@
 #include "absl/strings/match.h"
 
 #include "core/lease_keeper.h"
+#include "core/machine.h"
 #include "core/receiver_parts.h"
 #include "core/thread_name.h"
 #include "idem/fingerprint.h"
@@ -245,6 +246,16 @@ struct Consumer::Impl {
                                 .max_key_bytes = options.max_key_bytes,
                                 .clock = &clock}),
         rng(std::random_device{}()) {
+    // Checked once: a retention the store refuses would fail every completion (and be taken for
+    // a refused outcome, stored as a failure in its place).
+    for (Status c : {core::CheckLease(options.lease), core::CheckRetention(options.retention)}) {
+      if (!c.ok() && options_status.ok())
+        options_status = InvalidArgumentError("consumer options: " + c.message());
+    }
+    if (Status c = core::CheckRetention(options.failure_retention);
+        !c.ok() && options_status.ok()) {
+      options_status = InvalidArgumentError("consumer options: failure_" + c.message());
+    }
     if (options.busy_timeout.count() <= 0)
       options.busy_timeout = options.lease + milliseconds(1000);
     if (options.batch_size == 0) options.batch_size = 1;
@@ -261,6 +272,7 @@ struct Consumer::Impl {
   Broker& broker;
   MessageHandler handler;
   ConsumerOptions options;
+  Status options_status;  // not ok: every round fails with it (a lease or retention out of range)
   Clock& clock;
   Receiver keys;  // key extraction and validation only, exactly as the receiver does it
   std::optional<Metrics> metrics;
@@ -749,6 +761,7 @@ struct Consumer::Impl {
   }
 
   Result<std::size_t> RunOnce(bool pipelined) {
+    if (!options_status.ok()) return options_status;
     if (pipelined) return RunPipelined();
     auto polled = PollRound(options.poll_wait);
     if (!polled) return polled.error();
@@ -944,7 +957,8 @@ struct Consumer::Impl {
     std::vector<std::size_t> pending(r.completions.size());
     for (std::size_t c = 0; c < r.completions.size(); ++c) pending[c] = c;
     constexpr int kTries = 3;
-    for (int attempt = 0; attempt < kTries && !pending.empty(); ++attempt) {
+    int tries = kTries;
+    for (int attempt = 0; attempt < tries && !pending.empty(); ++attempt) {
       std::vector<Result<WriteAnswer>> results;
       if (attempt == 0 && first) {
         results = std::move(*first);
@@ -970,6 +984,8 @@ struct Consumer::Impl {
                 core::RefusedOutcomeText({done.outcome, done.response}, results[k].error());
             done.outcome = Outcome::kFailure;
             done.refused = true;
+            tries = std::max(tries, attempt + 2);  // what replaces it is always tried
+            CountStoreError();  // counted, as a refusal: the message is still acknowledged
           }
           again.push_back(c);
           continue;
@@ -1322,6 +1338,7 @@ struct Consumer::Impl {
   }
 
   void Run() {
+    if (!options_status.ok()) return;  // RunOnce says why
     std::uint32_t failures = 0;
     while (!stop.load()) {
       auto r = RunOnce(options.pipeline);

@@ -640,6 +640,7 @@ TEST_P(ConsumerTest, AnOutcomeTheStoreRefusesIsStoredAsAFailureNotRunAgain) {
   ASSERT_TRUE(Round(consumer).has_value());
   EXPECT_EQ(runs_.size(), 2u);
   EXPECT_EQ(broker_.Acknowledged().size(), 2u);
+  EXPECT_EQ(consumer.counts().store_errors, 2u);  // one refusal each, not retried
   auto rec = store_->Get("payments", "a");
   ASSERT_TRUE(rec.has_value() && rec->has_value());
   EXPECT_EQ((*rec)->state, RecordState::kCompleted);
@@ -650,6 +651,27 @@ TEST_P(ConsumerTest, AnOutcomeTheStoreRefusesIsStoredAsAFailureNotRunAgain) {
   Drain(consumer);
   EXPECT_EQ(runs_.size(), 2u);
   EXPECT_EQ(broker_.Acknowledged().size(), 3u);
+}
+
+// Options the store would refuse on every completion are refused first, naming the option.
+TEST_P(ConsumerTest, OutOfRangeOptionsFailEveryRoundNamingTheOption) {
+  broker_.PublishKeyed("p0", "a");
+  ConsumerOptions o = Options();
+  o.retention = milliseconds(0);
+  Consumer zero(*store_, broker_, Recording(), o);
+  auto r = zero.RunOnce();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.error().message(), HasSubstr("consumer options: retention must be positive"));
+  zero.Run();  // returns at once
+  o = Options();
+  o.failure_retention = milliseconds(-1);
+  Consumer negative(*store_, broker_, Recording(), o);
+  r = negative.RunOnce();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_THAT(r.error().message(), HasSubstr("failure_retention must be positive"));
+  EXPECT_TRUE(runs_.empty());
+  EXPECT_EQ(broker_.Queued(), 1u);
 }
 
 TEST_P(ConsumerTest, BusyKeyIsTakenOverAfterTheOtherWorkersLease) {

@@ -428,7 +428,8 @@ TEST_F(ReceiverTest, AnOutcomeTheStoreRefusesIsStoredAsAFailureNotRunAgain) {
               AllOf(HasSubstr("handler ran (attempt 1)"), HasSubstr("1000 bytes"),
                     HasSubstr("will not run again")));
   EXPECT_EQ(metrics.complete_failure->Value(), 1u);
-  clock_.Advance(milliseconds(5000));  // past any lease
+  EXPECT_EQ(metrics.store_errors->Value(), 0u);  // the refusal was not retried
+  clock_.Advance(milliseconds(5000));            // past any lease
   auto again = r.Receive({.key = "k"}, big);
   ASSERT_TRUE(again) << again.error().ToString();
   EXPECT_EQ(again->delivery, Delivery::kReplayed);

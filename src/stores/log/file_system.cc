@@ -149,6 +149,13 @@ class PosixFileSystem final : public FileSystem {
   }
 
   Result<std::unique_ptr<DirLock>> Lock(const std::string& path) override {
+    return LockFile(path, /*for_reading=*/false);
+  }
+  Result<std::unique_ptr<DirLock>> LockForReading(const std::string& path) override {
+    return LockFile(path, /*for_reading=*/true);
+  }
+
+  Result<std::unique_ptr<DirLock>> LockFile(const std::string& path, bool for_reading) {
     {
       std::lock_guard g(held_mu);
       if (!held_paths.insert(path).second) {
@@ -156,9 +163,10 @@ class PosixFileSystem final : public FileSystem {
       }
     }
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0 && (errno == EACCES || errno == EROFS)) {
-      // A directory this user may only read (a read-only mount, another user's store, which
-      // `idem store verify` reads): an existing LOCK locks as well opened for reading.
+    if (fd < 0 && for_reading && (errno == EACCES || errno == EROFS)) {
+      // A directory this user may only read (a read-only mount, another user's store): an
+      // existing LOCK locks as well opened for reading. Not for a writer: a store that cannot
+      // write its directory fails here, clearly, rather than later.
       const int denied = errno;
       fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) errno = denied;

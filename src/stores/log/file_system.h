@@ -60,6 +60,12 @@ class FileSystem {
   // Exclusive, advisory lock (flock) on `path`, created if missing. kFailedPrecondition when
   // another process (or another store in this process) holds it.
   virtual Result<std::unique_ptr<DirLock>> Lock(const std::string& path) = 0;
+  // The same for a reader that writes nothing (`idem store verify`): where this user may not
+  // write the directory or LOCK (another user's store, a read-only mount), an existing LOCK is
+  // locked opened for reading. Default: Lock.
+  virtual Result<std::unique_ptr<DirLock>> LockForReading(const std::string& path) {
+    return Lock(path);
+  }
   virtual Result<std::vector<std::string>> List(const std::string& dir) = 0;
   virtual Result<std::unique_ptr<ReadableFile>> Read(const std::string& path) = 0;
   // Opens for appending, creating it when missing (a new file is fsynced into its directory).

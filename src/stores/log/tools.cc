@@ -43,14 +43,15 @@ Result<std::vector<OpenedFile>> OpenReplayFiles(FileSystem& fs, const std::strin
 
 // Locks a store's directory for verify or repair. A directory without a segment or snapshot
 // is no store (most likely a mistyped path): kNotFound, and nothing is created in it.
-Status Locked(FileSystem& fs, const std::string& dir, std::unique_ptr<DirLock>* lock) {
+Status Locked(FileSystem& fs, const std::string& dir, std::unique_ptr<DirLock>* lock,
+              bool for_reading = false) {
   if (!fs.Exists(dir)) return NotFoundError(dir + ": no such directory");
   auto listed = ListLogFiles(fs, dir);
   if (!listed) return listed.error();
   if (listed->snapshots.empty() && listed->segments.empty()) {
     return NotFoundError(dir + ": no log store here (no segment or snapshot file)");
   }
-  auto l = fs.Lock(dir + "/LOCK");
+  auto l = for_reading ? fs.LockForReading(dir + "/LOCK") : fs.Lock(dir + "/LOCK");
   if (!l) return l.error();
   *lock = std::move(*l);
   return OkStatus();
@@ -116,7 +117,7 @@ Result<LogStoreOptions> ParseLogStoreUrl(std::string_view url) {
 Result<LogCheckReport> VerifyLogStore(const std::string& dir, const Progress& progress) {
   log::FileSystem& fs = log::FileSystem::Posix();
   std::unique_ptr<log::DirLock> lock;
-  IDEM_RETURN_IF_ERROR(log::Locked(fs, dir, &lock));
+  IDEM_RETURN_IF_ERROR(log::Locked(fs, dir, &lock, /*for_reading=*/true));
   std::uint64_t total = 0, done = 0;
   std::string missing;
   auto files = log::OpenReplayFiles(fs, dir, &total, &missing);

@@ -52,14 +52,25 @@ std::vector<std::string> LeadingWords(std::string_view sql, std::size_t n) {
   std::size_t i = 0;
   while (i < sql.size() && words.size() < n) {
     const char c = sql[i];
-    if (std::isspace(static_cast<unsigned char>(c)) != 0) {
-      ++i;
+    if (std::isspace(static_cast<unsigned char>(c)) != 0 || (words.empty() && c == ';')) {
+      ++i;  // blanks, and empty statements before the first word (";COMMIT" is a COMMIT)
     } else if (sql.substr(i, 2) == "--") {
-      const std::size_t nl = sql.find('\n', i);
-      i = nl == std::string_view::npos ? sql.size() : nl + 1;
+      const std::size_t eol = sql.find_first_of("\r\n", i);
+      i = eol == std::string_view::npos ? sql.size() : eol + 1;
     } else if (sql.substr(i, 2) == "/*") {
-      const std::size_t end = sql.find("*/", i + 2);
-      i = end == std::string_view::npos ? sql.size() : end + 2;
+      // PostgreSQL nests block comments.
+      int depth = 0;
+      while (i < sql.size()) {
+        if (sql.substr(i, 2) == "/*") {
+          ++depth;
+          i += 2;
+        } else if (sql.substr(i, 2) == "*/") {
+          i += 2;
+          if (--depth == 0) break;
+        } else {
+          ++i;
+        }
+      }
     } else {
       std::string word;
       while (i < sql.size() &&
@@ -77,11 +88,15 @@ std::vector<std::string> LeadingWords(std::string_view sql, std::size_t n) {
 // Whether `sql` would end the receiver's transaction: then its writes would commit without the
 // record, or a later statement run outside any transaction.
 bool EndsTheTransaction(std::string_view sql) {
-  const std::vector<std::string> w = LeadingWords(sql, 2);
+  const std::vector<std::string> w = LeadingWords(sql, 3);
   if (w.empty()) return false;
-  const std::string_view second = w.size() > 1 ? std::string_view(w[1]) : std::string_view();
+  std::string_view second = w.size() > 1 ? std::string_view(w[1]) : std::string_view();
   if (w[0] == "COMMIT" || w[0] == "END" || w[0] == "ABORT") return true;
-  if (w[0] == "ROLLBACK") return second != "TO";  // ROLLBACK TO SAVEPOINT stays inside
+  if (w[0] == "ROLLBACK") {
+    // ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name stays inside the transaction.
+    if ((second == "WORK" || second == "TRANSACTION") && w.size() > 2) second = w[2];
+    return second != "TO";
+  }
   if (w[0] == "PREPARE") return second == "TRANSACTION";
   return false;
 }
@@ -201,7 +216,16 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   auto taken = store.transactions().Take();
   if (!taken) return not_run(taken.error());
   pg::PooledConnection conn(store.transactions(), std::move(*taken));
+  // The transaction is marked (a setting local to it), and the completion checks the mark: a
+  // handler that committed on its own connection and went on in another transaction (COMMIT
+  // AND CHAIN, "COMMIT; BEGIN") is caught there, though its connection is inside a transaction.
+  const std::string mark = std::to_string(acquired.token);
   if (Status s = Simple(*conn, "BEGIN", timeout); !s.ok()) return not_run(s);
+  if (Status s = Simple(*conn, "SELECT set_config('idem.tx', '" + mark + "', true)", timeout);
+      !s.ok()) {
+    (void)conn->Fail("marking the transaction failed");
+    return not_run(s);
+  }
   if (Status s = conn->LeavePipeline(); !s.ok()) return not_run(s);
 
   PgTransaction tx(&*conn, timeout);
@@ -224,10 +248,21 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
                 .response = {},
                 .attempt = acquired.attempt};
   // The handler may have left the connection unusable (its own libpq calls): then closing it is
-  // the rollback.
-  // Checked before the pipeline: leaving a transaction block is what a raw COMMIT shows as.
-  const bool ended = PQtransactionStatus(conn->get()) == PQTRANS_IDLE;
-  const bool usable = conn->ReenterPipeline().ok() && conn->Healthy();
+  // the rollback. Whether it ended the transaction itself: out of any transaction (a raw
+  // COMMIT), read before the pipeline, or inside another one (COMMIT AND CHAIN), which has not
+  // the mark.
+  bool ended = PQtransactionStatus(conn->get()) == PQTRANS_IDLE;
+  bool usable = conn->ReenterPipeline().ok() && conn->Healthy();
+  if (usable && !ended && PQtransactionStatus(conn->get()) == PQTRANS_INTRANS) {
+    const pg::Params none;
+    auto marked = pg::RunQuery(*conn, "SELECT current_setting('idem.tx', true)", none, nullptr,
+                               pg::DeadlineIn(timeout));
+    if (!marked || PQntuples(marked->get()) != 1) {
+      usable = false;
+    } else {
+      ended = PQgetisnull(marked->get(), 0, 0) || PQgetvalue(marked->get(), 0, 0) != mark;
+    }
+  }
   const bool in_error = !usable || PQtransactionStatus(conn->get()) != PQTRANS_INTRANS;
   const auto rollback = [&] {
     if (usable && !Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
@@ -235,21 +270,33 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   };
 
   if (ended) {
-    // The handler ended the transaction through its own libpq calls: what it wrote before may
-    // have committed, without the record. Running it again could apply it twice, so the key
-    // is stored as failed (never released), and the caller is told the effect is unknown.
+    // What the handler wrote before its own commit may have committed, without the record.
+    // Running it again could apply it twice, so the key is stored as failed (never released),
+    // and the caller is told the effect is unknown. What it left open is rolled back, and the
+    // connection dropped: it may carry settings the handler made outside the transaction.
+    if (usable && PQtransactionStatus(conn->get()) != PQTRANS_IDLE) {
+      (void)Simple(*conn, "ROLLBACK", timeout);
+    }
+    (void)conn->Fail("the handler ended its transaction itself");
     auto stored = store_.Complete({options_.scope, key, acquired.token, Outcome::kFailure,
                                    "the handler ended its transaction itself; its writes may "
                                    "have committed",
                                    options_.failure_retention});
-    if (m != nullptr) m->store_errors->Inc();
+    std::string then = "; the key was stored as failed, not released, so it will not run again";
+    if (!stored) {
+      if (m != nullptr) m->store_errors->Inc();
+      then = "; storing the key as failed failed too (" + stored.error().ToString() +
+             "): it stays in progress until its lease ends, then runs again";
+    } else if (*stored == WriteAnswer::kLeaseLost) {
+      if (m != nullptr) m->lease_lost->Inc();
+      then = "; its lease was lost to a newer worker meanwhile, which owns the key now";
+    } else if (m != nullptr) {
+      m->complete_failure->Inc();
+    }
     return DataLossError(
         "the handler ended its transaction itself (COMMIT or ROLLBACK on its connection): its "
-        "writes may have committed without the record; the key was stored as failed, not "
-        "released, so it will not run again" +
-        std::string(stored ? ""
-                           : " (storing it failed too: " + stored.error().ToString() +
-                                 "; it stays in progress until its lease ends)"));
+        "writes may have committed without the record" +
+        then);
   }
 
   if (result.outcome == Outcome::kSuccess && (in_error || !tx.failure().ok())) {

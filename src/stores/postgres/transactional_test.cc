@@ -316,8 +316,10 @@ TEST_F(TransactionalTest, AStatementThatWouldEndTheTransactionIsNotRun) {
   auto r = receiver.Receive({.key = "k5"}, [&](const HandlerContext& c, PgTransaction& tx) {
     ++runs_;
     EXPECT_TRUE(tx.Exec(insert, {c.key, "first"}).has_value());
-    for (const char* sql : {"COMMIT", " end;", "-- note\n/* x */ Rollback", "abort",
-                            "PREPARE TRANSACTION 'p1'", "commit and chain"}) {
+    for (const char* sql :
+         {"COMMIT", " end;", "-- note\n/* x */ Rollback", "abort", "PREPARE TRANSACTION 'p1'",
+          "commit and chain", ";COMMIT", " ; ;commit", "/* a /* nested */ b */ COMMIT",
+          "-- x\rCOMMIT", "ROLLBACK WORK", "rollback transaction"}) {
       EXPECT_THAT(tx.Exec(sql), StatusIs(StatusCode::kInvalidArgument,
                                          HasSubstr("would end the receiver's transaction")))
           << sql;
@@ -348,6 +350,8 @@ TEST_F(TransactionalTest, AStatementThatWouldEndTheTransactionIsNotRun) {
     EXPECT_TRUE(tx.Exec("SAVEPOINT a").has_value());
     EXPECT_TRUE(tx.Exec(insert, {c.key, "undone"}).has_value());
     EXPECT_TRUE(tx.Exec("ROLLBACK TO SAVEPOINT a").has_value());
+    EXPECT_TRUE(tx.Exec(insert, {std::string(c.key) + "-2", "undone too"}).has_value());
+    EXPECT_TRUE(tx.Exec("ROLLBACK WORK TO SAVEPOINT a").has_value());
     EXPECT_TRUE(tx.Exec(insert, {c.key, "kept"}).has_value());
     return HandlerResult{Outcome::kSuccess, "ok"};
   });
@@ -390,6 +394,25 @@ TEST_F(TransactionalTest, AHandlerThatEndsTheTransactionItselfNeverRunsAgain) {
   EXPECT_EQ(r->outcome, Outcome::kFailure);
   EXPECT_EQ(runs_.load(), 1);
   EXPECT_EQ(EffectCount(), 1);
+
+  // Committed and went on in a new transaction (COMMIT AND CHAIN): inside a transaction again,
+  // but not the receiver's. The first write committed; the chained one is rolled back.
+  const auto chains = [&](const HandlerContext& c, PgTransaction& tx) {
+    ++runs_;
+    const std::string insert = "INSERT INTO " + Effects() + " (key, attempt) VALUES ($1, 1)";
+    EXPECT_TRUE(tx.Exec(insert, {c.key}).has_value());
+    PQclear(PQexec(tx.connection(), "COMMIT AND CHAIN"));
+    EXPECT_TRUE(tx.Exec(insert, {std::string(c.key) + "-chained"}).has_value());
+    return HandlerResult{Outcome::kSuccess, "charged"};
+  };
+  r = receiver.Receive({.key = "c"}, chains);
+  EXPECT_THAT(r, StatusIs(StatusCode::kDataLoss, HasSubstr("will not run again")));
+  EXPECT_EQ(EffectCount(), 2);  // "k" and "c"; not "c-chained"
+  r = receiver.Receive({.key = "c"}, chains);
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(r->delivery, Delivery::kReplayed);
+  EXPECT_EQ(runs_.load(), 2);
+  EXPECT_EQ(EffectCount(), 2);
 }
 
 // The proof of SPEC §3's exactly-once effect: a worker killed (-9) after its handler wrote and
