@@ -256,7 +256,7 @@ struct Consumer::Impl {
         !c.ok() && options_status.ok()) {
       options_status = InvalidArgumentError("consumer options: failure_" + c.message());
     }
-    if (options.busy_timeout.count() <= 0)
+    if (options.busy_timeout.count() <= 0 && options_status.ok())  // lease + 1 s: no overflow
       options.busy_timeout = options.lease + milliseconds(1000);
     if (options.batch_size == 0) options.batch_size = 1;
     if (options.max_attempts == 0) options.max_attempts = 1;
@@ -985,7 +985,6 @@ struct Consumer::Impl {
             done.outcome = Outcome::kFailure;
             done.refused = true;
             tries = std::max(tries, attempt + 2);  // what replaces it is always tried
-            CountStoreError();  // counted, as a refusal: the message is still acknowledged
           }
           again.push_back(c);
           continue;

@@ -132,8 +132,9 @@ class PgTransaction {
   // Runs one SQL statement with text parameters ($1, $2, ...; nullopt binds NULL). An error
   // (kInvalidArgument for an SQL error, kUnavailable for the connection or a timeout) leaves
   // the transaction failed: nothing the handler wrote will commit. A statement that would end
-  // the transaction (COMMIT, END, ROLLBACK but ROLLBACK TO, ABORT, PREPARE TRANSACTION) is not
-  // run: kInvalidArgument, and the transaction is failed likewise.
+  // the transaction (COMMIT, END, ROLLBACK but ROLLBACK TO, ABORT, PREPARE TRANSACTION) or drop
+  // the receiver's prepared statements (DEALLOCATE) is not run: kInvalidArgument, and the
+  // transaction is failed likewise.
   Result<PgRows> Exec(std::string_view sql,
                       std::span<const std::optional<std::string_view>> params = {});
   Result<PgRows> Exec(std::string_view sql,

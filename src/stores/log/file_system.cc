@@ -171,7 +171,9 @@ class PosixFileSystem final : public FileSystem {
       fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) errno = denied;
     }
-    if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    // A reader shares the lock with other readers, and conflicts with a writer (LOCK_SH also
+    // works on a descriptor opened for reading over NFS, where flock is an fcntl lock).
+    if (fd < 0 || ::flock(fd, (for_reading ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
       int err = errno;
       if (fd >= 0) ::close(fd);
       std::lock_guard g(held_mu);

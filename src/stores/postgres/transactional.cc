@@ -46,7 +46,7 @@ Status Simple(pg::Connection& conn, std::string_view sql, std::chrono::milliseco
 }
 
 // The statement's first `n` words, upper-cased, past blanks and comments ("-- ..." and
-// "/* ... */", not nested).
+// "/* ... */", nested as PostgreSQL nests them).
 std::vector<std::string> LeadingWords(std::string_view sql, std::size_t n) {
   std::vector<std::string> words;
   std::size_t i = 0;
@@ -115,6 +115,13 @@ PGconn* PgTransaction::connection() const { return conn_->get(); }
 
 Result<PgRows> PgTransaction::Exec(std::string_view sql,
                                    std::span<const std::optional<std::string_view>> params) {
+  if (const std::vector<std::string> w = LeadingWords(sql, 1); !w.empty() && w[0] == "DEALLOCATE") {
+    Status s = InvalidArgumentError(
+        "PgTransaction::Exec: DEALLOCATE would drop the receiver's prepared statements, and so "
+        "its completion. Not run, and nothing will commit");
+    if (failure_.ok()) failure_ = s;
+    return s;
+  }
   if (EndsTheTransaction(sql)) {
     Status s = InvalidArgumentError(
         "PgTransaction::Exec: \"" + std::string(sql.substr(0, 40)) +
@@ -216,15 +223,21 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   auto taken = store.transactions().Take();
   if (!taken) return not_run(taken.error());
   pg::PooledConnection conn(store.transactions(), std::move(*taken));
-  // The transaction is marked (a setting local to it), and the completion checks the mark: a
-  // handler that committed on its own connection and went on in another transaction (COMMIT
-  // AND CHAIN, "COMMIT; BEGIN") is caught there, though its connection is inside a transaction.
-  const std::string mark = std::to_string(acquired.token);
+  // The transaction's id is noted, and checked after the handler: a handler that committed on
+  // its own connection and went on in another transaction (COMMIT AND CHAIN, "COMMIT; BEGIN")
+  // is caught there, though its connection is inside a transaction. (An id, not a setting: a
+  // handler's RESET ALL would clear a setting.)
+  const pg::Params none;
+  std::string mark;
   if (Status s = Simple(*conn, "BEGIN", timeout); !s.ok()) return not_run(s);
-  if (Status s = Simple(*conn, "SELECT set_config('idem.tx', '" + mark + "', true)", timeout);
-      !s.ok()) {
-    (void)conn->Fail("marking the transaction failed");
-    return not_run(s);
+  {
+    auto id = pg::RunQuery(*conn, "SELECT pg_current_xact_id()::text", none, nullptr,
+                           pg::DeadlineIn(timeout));
+    if (!id || PQntuples(id->get()) != 1) {
+      (void)conn->Fail("reading the transaction's id failed");
+      return not_run(id ? UnavailableError("no transaction id") : id.error());
+    }
+    mark = PQgetvalue(id->get(), 0, 0);
   }
   if (Status s = conn->LeavePipeline(); !s.ok()) return not_run(s);
 
@@ -254,8 +267,7 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   bool ended = PQtransactionStatus(conn->get()) == PQTRANS_IDLE;
   bool usable = conn->ReenterPipeline().ok() && conn->Healthy();
   if (usable && !ended && PQtransactionStatus(conn->get()) == PQTRANS_INTRANS) {
-    const pg::Params none;
-    auto marked = pg::RunQuery(*conn, "SELECT current_setting('idem.tx', true)", none, nullptr,
+    auto marked = pg::RunQuery(*conn, "SELECT pg_current_xact_id()::text", none, nullptr,
                                pg::DeadlineIn(timeout));
     if (!marked || PQntuples(marked->get()) != 1) {
       usable = false;
@@ -350,7 +362,6 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   params.Bytes(result.response);
   params.Int8(pg::Millis(store.clock().Now()));
   params.Int8(pg::Millis(options_.retention));
-  pg::Params none;
   const auto unknown = [&](const Status& s) -> Result<Delivered> {
     // The commit may or may not have happened: fail closed. If it did, a retry replays; if not,
     // a retry takes over after the lease and nothing was applied.
@@ -379,6 +390,9 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
       return AbortedError("handler ran but the lease on key was lost to a newer worker (attempt " +
                           std::to_string(acquired.attempt) + "); its transaction was rolled back");
     }
+    // Not the lease: the connection itself may be what failed it (a statement the handler
+    // left behind), so it is not used again.
+    (void)conn->Fail("the completion failed");
     (void)store_.Release(options_.scope, key, acquired.token);
     if (m != nullptr) m->store_errors->Inc();
     return StoreError(why, "handler ran but its transaction was rolled back");

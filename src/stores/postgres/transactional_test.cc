@@ -319,9 +319,11 @@ TEST_F(TransactionalTest, AStatementThatWouldEndTheTransactionIsNotRun) {
     for (const char* sql :
          {"COMMIT", " end;", "-- note\n/* x */ Rollback", "abort", "PREPARE TRANSACTION 'p1'",
           "commit and chain", ";COMMIT", " ; ;commit", "/* a /* nested */ b */ COMMIT",
-          "-- x\rCOMMIT", "ROLLBACK WORK", "rollback transaction"}) {
-      EXPECT_THAT(tx.Exec(sql), StatusIs(StatusCode::kInvalidArgument,
-                                         HasSubstr("would end the receiver's transaction")))
+          "-- x\rCOMMIT", "ROLLBACK WORK", "rollback transaction", "DEALLOCATE ALL"}) {
+      EXPECT_THAT(tx.Exec(sql),
+                  StatusIs(StatusCode::kInvalidArgument,
+                           ::testing::AnyOf(HasSubstr("would end the receiver's transaction"),
+                                            HasSubstr("would drop the receiver's prepared"))))
           << sql;
     }
     // The handler's own missing table is its own mistake, not idem's schema.
@@ -352,6 +354,7 @@ TEST_F(TransactionalTest, AStatementThatWouldEndTheTransactionIsNotRun) {
     EXPECT_TRUE(tx.Exec("ROLLBACK TO SAVEPOINT a").has_value());
     EXPECT_TRUE(tx.Exec(insert, {std::string(c.key) + "-2", "undone too"}).has_value());
     EXPECT_TRUE(tx.Exec("ROLLBACK WORK TO SAVEPOINT a").has_value());
+    EXPECT_TRUE(tx.Exec("RESET ALL").has_value());  // settings go; the transaction stays
     EXPECT_TRUE(tx.Exec(insert, {c.key, "kept"}).has_value());
     return HandlerResult{Outcome::kSuccess, "ok"};
   });
