@@ -78,6 +78,19 @@ class Registry {
 
 // The standard idem metrics of SPEC §7, registered under `idem_*` with a `scope` label.
 // Members are never null. Cheap to copy (pointers into the registry).
+//
+// How the front doors count (the receiver, the consumer, the gateway):
+// - idem_begin_total: one answer per delivery, the one it ended with. A delivery that polls a
+//   busy key (BusyPolicy::kWait, the consumer's busy wait, the gateway's wait) counts only its
+//   final answer: busy once if it gave up, else what the store answered last. A duplicate
+//   answered in-process without a Begin of its own (BusyPolicy::kCoalesce's followers, a
+//   key's later copies in one consumer batch) counts idem_coalesced_total instead, unless it
+//   ends Busy (counted busy) or is a conflict (counted conflict). The duplicate rate is
+//   (replay + coalesced) / (all begin answers + coalesced).
+// - idem_store_errors_total: one per store call (or batch answer) that failed, each try of a
+//   retried write included; not an input the store refused (kInvalidArgument).
+// - idem_store_op_seconds: one observation per store call (a batch is one call), without the
+//   pauses between retries.
 struct Metrics {
   Metrics(Registry& registry, std::string_view scope);
 
@@ -97,6 +110,8 @@ struct Metrics {
   Histogram* handler_seconds;  // idem_handler_seconds
   Histogram* store_begin_seconds;     // idem_store_op_seconds{op="begin"}
   Histogram* store_complete_seconds;  // idem_store_op_seconds{op="complete"}
+  Histogram* store_release_seconds;   // idem_store_op_seconds{op="release"}
+  Histogram* store_extend_seconds;    // idem_store_op_seconds{op="extend"}
 };
 
 }  // namespace idem

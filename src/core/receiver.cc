@@ -163,11 +163,13 @@ void LeaseHold::Keep() {
   const Timestamp now = clock_.Now();
   if (now - extended_ < options_.lease / 2) return;
   if (options_.keep_leases_for.count() > 0 && now - started_ >= options_.keep_leases_for) return;
+  Stopwatch sw;
   auto r = store_.Extend(options_.scope, key_, token_, options_.lease);
-  if (!r) {
-    if (options_.metrics != nullptr) options_.metrics->store_errors->Inc();
-    return;  // tried again at the keeper's next turn
+  if (Metrics* m = options_.metrics; m != nullptr) {
+    m->store_extend_seconds->ObserveDuration(sw.Elapsed());
+    if (!r) m->store_errors->Inc();
   }
+  if (!r) return;  // tried again at the keeper's next turn
   extended_ = *r == WriteAnswer::kApplied ? now : Timestamp::max();
 }
 
@@ -353,11 +355,19 @@ Result<Delivered> Receiver::Receive(const Message& message, const Handler& handl
   if (!leader) {
     std::unique_lock lock(flight->mu);
     bool done = flight->done_cv.wait_for(lock, options_.busy_wait, [&] { return flight->done; });
-    if (!done) return Delivered{.delivery = Delivery::kBusy, .key = std::move(*key)};
-    if (options_.metrics != nullptr) options_.metrics->coalesced->Inc();
+    // A follower made no Begin: it counts the answer its delivery ends with (metrics.h).
+    Metrics* m = options_.metrics;
+    if (!done) {
+      core::CountBusy(m);
+      return Delivered{.delivery = Delivery::kBusy, .key = std::move(*key)};
+    }
     Result<Delivered> copy = *flight->result;
     if (copy && (copy->delivery == Delivery::kExecuted || copy->delivery == Delivery::kReplayed)) {
       copy->delivery = Delivery::kCoalesced;
+      if (m != nullptr) m->coalesced->Inc();
+    } else if (copy && m != nullptr) {
+      // The first execution's Busy or Conflict is this delivery's answer too.
+      (copy->delivery == Delivery::kBusy ? m->begin_busy : m->begin_conflict)->Inc();
     }
     return copy;
   }
@@ -552,42 +562,46 @@ Result<Delivered> Receiver::Finish(std::string_view key, std::uint32_t attempt,
   // lease ends, and the next delivery would run the handler again. So it is tried again, as the
   // consumer and the gateway do. Writes are fenced by the token: after a try that failed
   // mid-way, "not yours" most likely means that try landed.
-  const auto tried = [&](const auto& write) {
-    Result<WriteAnswer> w = write();
+  // Each store call is timed on its own (`seconds`), without the pauses between tries.
+  const auto tried = [&](Histogram* Metrics::*seconds, const auto& write) {
+    const auto timed = [&] {
+      Stopwatch sw;
+      Result<WriteAnswer> w = write();
+      if (m != nullptr) (m->*seconds)->ObserveDuration(sw.Elapsed());
+      return w;
+    };
+    Result<WriteAnswer> w = timed();
     // kInvalidArgument: the store refuses the write itself (a response over its limit), and
     // would again.
     for (int t = 1; t < kWriteTries && !w && w.error().code() != StatusCode::kInvalidArgument;
          ++t) {
       if (m != nullptr) m->store_errors->Inc();
       clock_.SleepFor(kWriteRetryPause * t);
-      w = write();
+      w = timed();
       if (w && *w == WriteAnswer::kLeaseLost) w = WriteAnswer::kApplied;
     }
     return w;
   };
   Result<WriteAnswer> written = WriteAnswer::kApplied;
   if (result.outcome == Outcome::kFailure && options_.failure_policy == FailurePolicy::kRelease) {
-    written = tried([&] { return release(result); });
+    written = tried(&Metrics::store_release_seconds, [&] { return release(result); });
     out.released = true;
     if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
   } else {
-    Stopwatch sw;
-    written = tried([&] {
+    written = tried(&Metrics::store_complete_seconds, [&] {
       return complete(result, result.outcome == Outcome::kSuccess ? options_.retention
                                                                   : options_.failure_retention);
     });
-    if (m != nullptr) {
-      m->store_complete_seconds->ObserveDuration(sw.Elapsed());
-      if (written && *written == WriteAnswer::kApplied) {
-        (result.outcome == Outcome::kSuccess ? m->complete_success : m->complete_failure)->Inc();
-      }
+    if (m != nullptr && written && *written == WriteAnswer::kApplied) {
+      (result.outcome == Outcome::kSuccess ? m->complete_success : m->complete_failure)->Inc();
     }
     if (!written && written.error().code() == StatusCode::kInvalidArgument) {
       // The store will never take this outcome, and releasing the key would run the handler
       // again: a failure that says why is stored in its place, for duplicates to replay.
       const Status refused = written.error();
       const HandlerResult in_place{Outcome::kFailure, core::RefusedOutcomeText(result, refused)};
-      written = tried([&] { return complete(in_place, options_.failure_retention); });
+      written = tried(&Metrics::store_complete_seconds,
+                      [&] { return complete(in_place, options_.failure_retention); });
       if (written && *written == WriteAnswer::kApplied) {
         if (m != nullptr) m->complete_failure->Inc();
         return FailedPreconditionError(

@@ -729,6 +729,193 @@ TEST_F(ReceiverTest, AWaitCountsTheAnswerItEndedWithOnce) {
   EXPECT_EQ(metrics.begin_replay->Value(), 1u);
 }
 
+// kCoalesce: every delivery counts one answer (metrics.h). The first execution counts its
+// Begin's, a follower that got its outcome idem_coalesced_total, one that came after it
+// finished the store's Replay.
+TEST_F(ReceiverTest, CoalesceCountsEachDeliveryOnce) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  o.busy_policy = BusyPolicy::kCoalesce;
+  o.busy_wait = milliseconds(60'000);
+  Receiver r(*store_, o);
+  constexpr int kThreads = 8;
+  std::atomic<int> arrived{0};
+  std::vector<Result<Delivered>> results(kThreads, InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      arrived.fetch_add(1);
+      results[i] = r.Receive({.key = "order-7"}, [&](const HandlerContext&) {
+        while (arrived.load() < kThreads) std::this_thread::yield();
+        return HandlerResult{Outcome::kSuccess, "created"};
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::uint64_t coalesced = 0;
+  std::uint64_t replayed = 0;
+  for (auto& res : results) {
+    ASSERT_TRUE(res) << res.error().ToString();
+    coalesced += res->delivery == Delivery::kCoalesced;
+    replayed += res->delivery == Delivery::kReplayed;
+  }
+  EXPECT_EQ(metrics.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics.coalesced->Value(), coalesced);
+  EXPECT_EQ(metrics.begin_replay->Value(), replayed);
+  EXPECT_EQ(metrics.begin_busy->Value(), 0u);
+  EXPECT_EQ(1 + coalesced + replayed, static_cast<std::uint64_t>(kThreads));
+  EXPECT_EQ(metrics.store_begin_seconds->Count(), 1 + replayed);  // followers make no Begin
+  EXPECT_EQ(metrics.handler_seconds->Count(), 1u);
+  EXPECT_EQ(metrics.complete_success->Value(), 1u);
+}
+
+// A follower that waits out busy_wait answers Busy: it was not counted at all (a delivery with
+// no answer on /metrics).
+TEST_F(ReceiverTest, ACoalescedFollowerThatGivesUpCountsBusy) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  o.busy_policy = BusyPolicy::kCoalesce;
+  o.busy_wait = milliseconds(20);  // real time, for a follower
+  Receiver r(*store_, o);
+  std::atomic<bool> first_running{false};
+  std::atomic<bool> follower_done{false};
+  std::thread first([&] {
+    auto res = r.Receive({.key = "order-8"}, [&](const HandlerContext&) {
+      first_running = true;
+      while (!follower_done.load()) std::this_thread::yield();
+      return HandlerResult{Outcome::kSuccess, "done"};
+    });
+    ASSERT_TRUE(res) << res.error().ToString();
+    EXPECT_EQ(res->delivery, Delivery::kExecuted);
+  });
+  while (!first_running.load()) std::this_thread::yield();
+  auto follower = r.Receive({.key = "order-8"}, Counting());
+  follower_done = true;
+  first.join();
+  ASSERT_TRUE(follower) << follower.error().ToString();
+  EXPECT_EQ(follower->delivery, Delivery::kBusy);
+  EXPECT_EQ(metrics.begin_busy->Value(), 1u);
+  EXPECT_EQ(metrics.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics.coalesced->Value(), 0u);
+}
+
+// idem_store_op_seconds observes each store call once: every try of a retried completion or
+// release (it observed a retried completion once, and releases never).
+TEST_F(ReceiverTest, StoreOpTimeIsObservedOncePerStoreCall) {
+  FaultyStore faulty(*store_);
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(faulty, o);
+  faulty.FailTimes(FaultyStore::kComplete, 2);
+  ASSERT_TRUE(r.Receive({.key = "k"}, Counting()));
+  EXPECT_EQ(metrics.store_begin_seconds->Count(), 1u);
+  EXPECT_EQ(metrics.store_complete_seconds->Count(), 3u);
+  EXPECT_EQ(metrics.store_release_seconds->Count(), 0u);
+  EXPECT_EQ(metrics.store_errors->Value(), 2u);
+  EXPECT_EQ(metrics.complete_success->Value(), 1u);
+
+  faulty.FailTimes(FaultyStore::kRelease, 1);
+  auto failed = r.Receive({.key = "f"}, [](const HandlerContext&) {
+    return HandlerResult{.outcome = Outcome::kFailure};
+  });
+  ASSERT_TRUE(failed) << failed.error().ToString();
+  EXPECT_EQ(metrics.store_release_seconds->Count(), 2u);
+  EXPECT_EQ(metrics.store_complete_seconds->Count(), 3u);
+  EXPECT_EQ(metrics.releases->Value(), 1u);
+  EXPECT_EQ(metrics.store_errors->Value(), 3u);
+  EXPECT_EQ(metrics.handler_seconds->Count(), 2u);
+  const std::string text = registry.RenderPrometheus();
+  EXPECT_THAT(text,
+              HasSubstr("idem_store_op_seconds_count{scope=\"payments\",op=\"release\"} 2\n"));
+  EXPECT_THAT(text,
+              HasSubstr("idem_store_op_seconds_count{scope=\"payments\",op=\"complete\"} 3\n"));
+}
+
+// Every fail-closed path counts each store call that failed, and nothing else: begin (the
+// handler does not run), a completion whose three tries failed, a release likewise, a
+// versioned and a client's begin.
+TEST_F(ReceiverTest, EveryFailClosedPathCountsItsStoreErrors) {
+  FaultyStore faulty(*store_);
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(faulty, o);
+  faulty.Fail(FaultyStore::kBegin | FaultyStore::kVersion | FaultyStore::kSession);
+  ASSERT_FALSE(r.Receive({.key = "k"}, Counting()));
+  ASSERT_FALSE(r.Receive({.entity = "e", .version = 1}, Counting()));
+  ASSERT_FALSE(r.Receive({.client_id = "c", .seq = 1}, Counting()));
+  EXPECT_EQ(runs_.load(), 0);
+  EXPECT_EQ(metrics.store_errors->Value(), 3u);
+  EXPECT_EQ(metrics.store_begin_seconds->Count(), 3u);
+
+  faulty.Fail(FaultyStore::kComplete);
+  ASSERT_FALSE(r.Receive({.key = "c"}, Counting()));
+  EXPECT_EQ(metrics.store_errors->Value(), 6u);
+  faulty.Fail(FaultyStore::kRelease);
+  ASSERT_FALSE(r.Receive({.key = "r"}, [](const HandlerContext&) {
+    return HandlerResult{.outcome = Outcome::kFailure};
+  }));
+  EXPECT_EQ(metrics.store_errors->Value(), 9u);
+  EXPECT_EQ(metrics.begin_acquired->Value(), 2u);
+  EXPECT_EQ(metrics.complete_success->Value() + metrics.complete_failure->Value(), 0u);
+  EXPECT_EQ(metrics.releases->Value(), 0u);
+}
+
+// A takeover is an Acquired over an expired lease (attempt 2): counted once, with its acquire. A
+// key released after a failure is absent, so its next run is attempt 1 and no takeover. A
+// remembered failure counts a failed completion, and its duplicate a replay. A completion that
+// lost the lease counts lease-lost, not a completion.
+TEST_F(ReceiverTest, CountsTakeoversRememberedFailuresAndLostLeases) {
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(*store_, o);
+  ASSERT_TRUE(store_->Begin({"payments", "dead", std::nullopt, milliseconds(1000)}));
+  clock_.Advance(milliseconds(1000));
+  auto taken = r.Receive({.key = "dead"}, Counting());
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->attempt, 2u);
+  EXPECT_EQ(metrics.takeovers->Value(), 1u);
+  EXPECT_EQ(metrics.begin_acquired->Value(), 1u);
+
+  const Handler failing = [](const HandlerContext&) {
+    return HandlerResult{Outcome::kFailure, "no"};
+  };
+  ASSERT_TRUE(r.Receive({.key = "f"}, failing));
+  ASSERT_TRUE(r.Receive({.key = "f"}, failing));
+  EXPECT_EQ(metrics.releases->Value(), 2u);
+  EXPECT_EQ(metrics.takeovers->Value(), 1u);
+
+  ReceiverOptions remember = o;
+  remember.failure_policy = FailurePolicy::kRemember;
+  Receiver rr(*store_, remember);
+  ASSERT_TRUE(rr.Receive({.key = "g"}, failing));
+  auto replay = rr.Receive({.key = "g"}, failing);
+  ASSERT_TRUE(replay);
+  EXPECT_EQ(replay->delivery, Delivery::kReplayed);
+  EXPECT_EQ(metrics.complete_failure->Value(), 1u);
+  EXPECT_EQ(metrics.begin_replay->Value(), 1u);
+
+  auto lost = r.Receive({.key = "slow"}, [&](const HandlerContext&) {
+    clock_.Advance(milliseconds(1500));
+    EXPECT_TRUE(store_->Begin({"payments", "slow", std::nullopt, milliseconds(1000)}));
+    return HandlerResult{};
+  });
+  ASSERT_FALSE(lost);
+  EXPECT_EQ(lost.error().code(), StatusCode::kAborted);
+  EXPECT_EQ(metrics.lease_lost->Value(), 1u);
+  EXPECT_EQ(metrics.complete_success->Value(), 1u);  // "dead"'s only
+  EXPECT_EQ(metrics.begin_acquired->Value(), 5u);
+}
+
 // A key the receiver accepts but the store refuses (the store's own max_key_bytes is lower) is
 // the caller's error: kInvalidArgument, not counted as a store error.
 TEST_F(ReceiverTest, AKeyTheStoreRefusesIsNotAStoreError) {

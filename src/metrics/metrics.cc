@@ -546,6 +546,8 @@ Metrics::Metrics(Registry& registry, std::string_view scope) {
       &registry.AddHistogram("idem_handler_seconds", "Handler time in seconds.", {{"scope", s}});
   store_begin_seconds = store_op("begin");
   store_complete_seconds = store_op("complete");
+  store_release_seconds = store_op("release");
+  store_extend_seconds = store_op("extend");
 }
 
 }  // namespace idem

@@ -213,6 +213,8 @@ TEST(MetricsTest, RegistersTheStandardSet) {
   ASSERT_NE(a.handler_seconds, nullptr);
   ASSERT_NE(a.store_begin_seconds, nullptr);
   ASSERT_NE(a.store_complete_seconds, nullptr);
+  ASSERT_NE(a.store_release_seconds, nullptr);
+  ASSERT_NE(a.store_extend_seconds, nullptr);
 
   EXPECT_EQ(a.begin_replay, b.begin_replay);
   EXPECT_EQ(a.coalesced, b.coalesced);
@@ -243,6 +245,12 @@ TEST(MetricsTest, RegistersTheStandardSet) {
       HasSubstr("idem_store_op_seconds_bucket{scope=\"orders\",op=\"begin\",le=\"0.0025\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("idem_store_op_seconds_count{scope=\"orders\",op=\"complete\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("idem_handler_seconds_count{scope=\"payments\"} 0\n"));
+  for (const char* op : {"begin", "complete", "release", "extend"}) {
+    EXPECT_EQ(CountOf(text, std::string("idem_store_op_seconds_count{scope=\"payments\",op=\"") +
+                                op + "\"}"),
+              1)
+        << op;
+  }
   EXPECT_EQ(CountOf(text, "idem_begin_total{"), 10);
 }
 
