@@ -131,6 +131,7 @@ struct Item {
   std::optional<Acquired> acquired{};  // held by this consumer, not completed yet
   bool executed = false;               // the handler ran (or the DLQ got it): complete it
   bool lease_lost = false;             // another worker took the key over: never run it here
+  bool busy_uncounted = false;         // answered Busy, not waited out yet (CountAnswer)
   int complete_index = -1;             // into the batch's completions
   Fate fate = Fate::kOpen;
 };
@@ -314,6 +315,18 @@ struct Consumer::Impl {
     ++counts.store_errors;
   }
 
+  // Counts one answer of a Begin (metrics.h): a store error, or the answer -- except Busy,
+  // which is waited out, so the delivery counts the answer the wait ends with (or one busy
+  // when it gives up: WaitOutBusyAnswer, Acknowledge).
+  void CountAnswer(const Result<BeginAnswer>& answer) {
+    if (!answer) {
+      // kInvalidArgument: the store refused the request's input, not a store failure.
+      if (answer.error().code() != StatusCode::kInvalidArgument) CountStoreError();
+      return;
+    }
+    if (metrics && !std::holds_alternative<Busy>(*answer)) CountBegin(*metrics, answer);
+  }
+
   // Sleeps `d` (cut short by Stop() on the system clock).
   void Sleep(milliseconds d) {
     if (d.count() <= 0) return;
@@ -336,19 +349,25 @@ struct Consumer::Impl {
     return milliseconds(static_cast<std::int64_t>(d * factor(random)));
   }
 
+  // A Begin of the item alone, timed and counted (CountAnswer).
   Result<BeginAnswer> BeginOne(const Item& item) {
+    core::Stopwatch sw;
+    Result<BeginAnswer> answer = BeginInStore(item);
+    if (metrics) metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
+    CountAnswer(answer);
+    return answer;
+  }
+  Result<BeginAnswer> BeginInStore(const Item& item) {
     if (item.version != 0) {
-      const VersionedBeginRequest req{.scope = options.scope,
-                                      .entity = item.entity,
-                                      .version = item.version,
-                                      .lease = options.lease};
-      return core::TimedBegin(store, req, metrics ? &*metrics : nullptr);
+      return store.BeginVersioned({.scope = options.scope,
+                                   .entity = item.entity,
+                                   .version = item.version,
+                                   .lease = options.lease});
     }
-    BeginRequest req{.scope = options.scope,
-                     .key = item.key,
-                     .fingerprint = item.fingerprint,
-                     .lease = options.lease};
-    return core::TimedBegin(store, req, metrics ? &*metrics : nullptr);
+    return store.Begin({.scope = options.scope,
+                        .key = item.key,
+                        .fingerprint = item.fingerprint,
+                        .lease = options.lease});
   }
 
   // Takes the key, fingerprint or poison reason of a message.
@@ -566,10 +585,12 @@ struct Consumer::Impl {
       extended.push_back(&item);
     }
     if (!requests.empty()) {
+      core::Stopwatch sw;
       std::vector<Result<WriteAnswer>> answers = store.ExtendBatch(requests);
+      if (metrics) metrics->store_extend_seconds->ObserveDuration(sw.Elapsed());
       for (std::size_t i = 0; i < extended.size() && i < answers.size(); ++i) {
         const Result<WriteAnswer>& r = answers[i];
-        if (!r && metrics) metrics->store_errors->Inc();
+        if (!r) CountStoreError();
         if (r && *r == WriteAnswer::kLeaseLost) {
           extended[i]->lease_lost = true;
           CountLeaseLost();
@@ -714,14 +735,13 @@ struct Consumer::Impl {
 
   void NoteBegins(Round& r, const std::vector<Result<BeginAnswer>>& answers,
                   std::chrono::nanoseconds took) {
-    if (metrics) {
-      metrics->store_begin_seconds->ObserveDuration(took);
-      for (const auto& a : answers) CountBegin(*metrics, a);
-    }
+    if (metrics) metrics->store_begin_seconds->ObserveDuration(took);
+    for (const auto& a : answers) CountAnswer(a);
     for (Item& item : r.items) {
       if (item.begin_index < 0) continue;
       const auto& a = answers[static_cast<std::size_t>(item.begin_index)];
       if (a && std::holds_alternative<Acquired>(*a)) item.acquired = std::get<Acquired>(*a);
+      if (a && std::holds_alternative<Busy>(*a)) item.busy_uncounted = true;
     }
   }
 
@@ -795,7 +815,10 @@ struct Consumer::Impl {
       // A copy with another payload than the first is a conflict whatever becomes of the first
       // (SPEC §2); a copy with the same payload is decided after the batch's completions, by
       // the first (Finish).
-      return item.conflict ? SettleConflict(r, item) : true;
+      if (!item.conflict) return true;
+      // Decided here without a Begin of its own: the store would have answered Conflict.
+      if (metrics) metrics->begin_conflict->Inc();
+      return SettleConflict(r, item);
     }
     Result<BeginAnswer> answer = std::move(answers[static_cast<std::size_t>(item.begin_index)]);
     if (!WaitOutBusyAnswer(r, item, answer, leases_from)) return false;
@@ -832,12 +855,16 @@ struct Consumer::Impl {
 
   // A Busy `answer` is begun again until decided (WaitWhileBusy). False, with the round told
   // why: still busy at busy_timeout, or the store failed; the item goes back.
-  bool WaitOutBusyAnswer(Round& r, const Item& item, Result<BeginAnswer>& answer,
+  // Every answer was counted when it came (CountAnswer), but a Busy: counted here, once, when
+  // the wait gives up.
+  bool WaitOutBusyAnswer(Round& r, Item& item, Result<BeginAnswer>& answer,
                          Timestamp& leases_from) {
     if (answer) {
       if (const auto* busy = std::get_if<Busy>(&*answer)) {
+        item.busy_uncounted = false;
         auto decided = WaitWhileBusy(r.items, item, busy->lease_deadline, leases_from);
         if (!decided) {
+          core::CountBusy(metrics ? &*metrics : nullptr);
           r.handback_delay = std::max(r.handback_delay, options.backoff);
           return false;
         }
@@ -845,7 +872,6 @@ struct Consumer::Impl {
       }
     }
     if (!answer) {
-      CountStoreError();
       r.store_failed = true;
       return false;
     }
@@ -897,7 +923,10 @@ struct Consumer::Impl {
                                              .token = item.acquired->token,
                                              .retention = options.retention});
       if (metrics) metrics->store_complete_seconds->ObserveDuration(sw.Elapsed());
-      if (!answer) continue;
+      if (!answer) {
+        CountStoreError();  // each failed call, as the receiver counts them
+        continue;
+      }
       if (*answer == WriteAnswer::kLeaseLost) {
         CountLeaseLost();
       } else if (metrics) {
@@ -909,7 +938,6 @@ struct Consumer::Impl {
       item.acquired.reset();
       return true;
     }
-    CountStoreError();
     return false;
   }
 
@@ -975,6 +1003,11 @@ struct Consumer::Impl {
         Item& item = r.items[r.completions[c].item];
         if (k >= results.size() || !results[k]) {
           Completion& done = r.completions[c];
+          // Each failed answer of each try, as the receiver counts them; a refusal (a response
+          // over the store's limit) is the outcome's fault, not the store's.
+          if (k >= results.size() || results[k].error().code() != StatusCode::kInvalidArgument) {
+            CountStoreError();
+          }
           if (k < results.size() && results[k].error().code() == StatusCode::kInvalidArgument &&
               !done.refused) {
             // The store will never take this outcome (a response over its limit), and handing
@@ -1004,7 +1037,6 @@ struct Consumer::Impl {
       pending = std::move(again);
     }
     for (std::size_t c : pending) {
-      CountStoreError();
       r.items[r.completions[c].item].fate = Fate::kHandedBack;
       r.store_failed = true;
     }
@@ -1029,6 +1061,7 @@ struct Consumer::Impl {
       if (first.fate == Fate::kSettled && !first.acquired) {
         item.fate = Fate::kSettled;
         Count(&ConsumerCounts::replayed, &ConsumerMetrics::replayed);
+        if (metrics) metrics->coalesced->Inc();  // answered here, without a Begin of its own
       } else if (item.fate != Fate::kReturned) {
         item.fate = Fate::kHandedBack;
       }
@@ -1074,12 +1107,23 @@ struct Consumer::Impl {
     for (Item& item : r.items) {
       // (One whose lease was lost is the new holder's to finish.)
       if (item.acquired && !item.executed && !item.lease_lost) r.release.push_back(&item);
+      // Handed back before its Busy was waited out: Busy is the answer it ended with.
+      if (item.busy_uncounted) core::CountBusy(metrics ? &*metrics : nullptr);
+      item.busy_uncounted = false;
     }
     for (Item* item : r.release) {
       const Token token = item->acquired->token;
+      core::Stopwatch sw;
       auto rel = item->version != 0 ? store.ReleaseVersioned(options.scope, item->entity, token)
                                     : store.Release(options.scope, item->key, token);
-      if (rel && *rel == WriteAnswer::kApplied && metrics) metrics->releases->Inc();
+      if (metrics) metrics->store_release_seconds->ObserveDuration(sw.Elapsed());
+      if (!rel) {
+        CountStoreError();  // the key stays in progress until its lease ends
+      } else if (*rel == WriteAnswer::kLeaseLost) {
+        CountLeaseLost();
+      } else if (metrics) {
+        metrics->releases->Inc();
+      }
       item->acquired.reset();
     }
     r.release.clear();

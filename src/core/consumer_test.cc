@@ -591,8 +591,10 @@ TEST_P(ConsumerTest, ALogStoreWhoseSyncFailsRunsNothingAndAcknowledgesNothing) {
     EXPECT_EQ(broker_.Acknowledged().size(), 6u);
     EXPECT_EQ(broker_.Redelivered(), 4u);
     EXPECT_EQ(broker_.Queued(), 4u);
-    // One per partition: a partition stops at its first failed begin.
-    EXPECT_EQ(consumer.counts().store_errors, 2u);
+    // One per begin the store failed (it counted 2, one per partition, while
+    // idem_store_errors_total said 6: each failed answer, then again per partition).
+    EXPECT_EQ(consumer.counts().store_errors, 4u);
+    EXPECT_EQ(Metrics(registry_, "payments").store_errors->Value(), 4u);
   }
   log->reset();
   std::filesystem::remove_all(dir);
@@ -848,6 +850,9 @@ TEST_P(ConsumerTest, ABatchsLeasesAreExtendedInOneCall) {
   // batch still held (k0 and the 7 behind it) in one call.
   ASSERT_GE(counting.batch_sizes.size(), 2u);
   for (std::size_t n : counting.batch_sizes) EXPECT_EQ(n, 8u);
+  // idem_store_op_seconds{op="extend"}: one observation per ExtendBatch call.
+  const Metrics metrics(registry_, "payments");
+  EXPECT_EQ(metrics.store_extend_seconds->Count(), counting.batch_sizes.size());
 }
 
 // A handler that outlives its lease while another worker takes the key over: the stale token
@@ -1281,6 +1286,164 @@ TEST_P(ConsumerTest, ACompletionThatFailsKeepsItsPartitionInOrder) {
 
 // Many consumers over one store, each message delivered to two of them (a redelivery racing
 // the first delivery): every key runs once.
+// The standard idem_* metrics of a consumer (SPEC §7), as metrics.h says the front doors count
+// them. `registry_` gives back the consumer's own series.
+class ConsumerMetricsTest : public ConsumerTest {
+ protected:
+  Metrics metrics_{registry_, "payments"};
+};
+
+// A key another worker holds is begun again until it is decided: the delivery counts the answer
+// it ended with, once (it counted a busy for the batch's answer and one for every poll).
+TEST_P(ConsumerMetricsTest, ABusyWaitCountsTheAnswerItEndedWithOnce) {
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(10'000)});
+  ASSERT_TRUE(held.has_value() && std::holds_alternative<Acquired>(*held));
+  broker_.PublishKeyed("p0", "k");
+  Consumer consumer(*store_, broker_, Recording(), Options());
+  ASSERT_TRUE(Round(consumer).has_value());
+  ASSERT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(runs_[0].attempt, 2u);
+  EXPECT_EQ(metrics_.begin_busy->Value(), 0u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics_.takeovers->Value(), 1u);
+  EXPECT_GT(metrics_.store_begin_seconds->Count(), 2u);  // it did poll
+  EXPECT_EQ(metrics_.complete_success->Value(), 1u);
+  EXPECT_EQ(metrics_.handler_seconds->Count(), 1u);
+}
+
+// Past busy_timeout the message goes back: one busy for the delivery, however often it polled.
+// The one behind it in its partition was acquired and is released, not run.
+TEST_P(ConsumerMetricsTest, ABusyKeyGivenUpOnCountsOneBusy) {
+  auto held = store_->Begin({.scope = "payments", .key = "k", .lease = milliseconds(60'000)});
+  ASSERT_TRUE(held.has_value());
+  broker_.PublishKeyed("p0", "k");
+  broker_.PublishKeyed("p0", "after-k");
+  auto options = Options();
+  options.busy_timeout = milliseconds(2'000);
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_TRUE(runs_.empty());
+  EXPECT_EQ(metrics_.begin_busy->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);  // after-k
+  EXPECT_EQ(metrics_.releases->Value(), 1u);
+  EXPECT_EQ(metrics_.store_release_seconds->Count(), 1u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 0u);
+}
+
+// A begin the store fails is one store error, in counts() and in idem_store_errors_total alike
+// (the metric counted it twice: when answered, and again when its message was handed back).
+TEST_P(ConsumerMetricsTest, AFailedBeginIsOneStoreError) {
+  FaultyStore faulty(*store_);
+  broker_.PublishKeyed("p0", "a");
+  broker_.Publish("p1", "{}", {{"Entity-Id", "e"}, {"Entity-Version", "1"}});
+  auto options = Options();
+  options.versions = VersionSources{};
+  Consumer consumer(faulty, broker_, Recording(), options);
+  faulty.Fail(FaultyStore::kBegin | FaultyStore::kVersion);
+  ASSERT_FALSE(Round(consumer).has_value());
+  EXPECT_TRUE(runs_.empty());
+  EXPECT_EQ(consumer.counts().store_errors, 2u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 2u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 0u);
+}
+
+// Each failed completion answer of each try is a store error, as in the receiver (it counted
+// one per message after its three tries).
+TEST_P(ConsumerMetricsTest, EachFailedCompletionTryIsAStoreError) {
+  FaultyStore faulty(*store_);
+  broker_.PublishKeyed("p0", "a");
+  Consumer consumer(faulty, broker_, Recording(), Options());
+  faulty.Fail(FaultyStore::kComplete);
+  ASSERT_FALSE(Round(consumer).has_value());
+  EXPECT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(consumer.counts().store_errors, 3u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 3u);
+  EXPECT_EQ(metrics_.store_complete_seconds->Count(), 3u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 0u);
+}
+
+// A key released because its message goes back (a dead-letter publish failed) is counted; a
+// release the store fails is a store error (neither was counted).
+TEST_P(ConsumerMetricsTest, ReleasesAndFailedReleasesAreCounted) {
+  FaultyStore faulty(*store_);
+  broker_.PublishKeyed("p0", "perm");
+  broker_.PublishKeyed("p0", "next");
+  broker_.FailDeadLetter(true);
+  Consumer consumer(
+      faulty, broker_,
+      [&](const HandlerContext& c, const BrokerMessage&) -> HandlerVerdict {
+        if (c.key == "perm") return {Verdict::kPermanent, "rejected"};
+        return {Verdict::kSuccess, ""};
+      },
+      Options());
+  ASSERT_FALSE(Round(consumer).has_value());
+  EXPECT_EQ(metrics_.releases->Value(), 2u);  // perm (not run again here) and next (not run)
+  EXPECT_EQ(metrics_.dlq_sends->Value(), 0u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 0u);
+
+  faulty.Fail(FaultyStore::kRelease);
+  ASSERT_FALSE(Round(consumer).has_value());
+  EXPECT_EQ(metrics_.releases->Value(), 2u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 2u);
+  EXPECT_EQ(consumer.counts().store_errors, 2u);
+  EXPECT_EQ(metrics_.store_release_seconds->Count(), 4u);
+}
+
+// Copies of a key in one batch are answered without a Begin of their own: the same payload counts
+// idem_coalesced_total, another payload a conflict (neither was counted). Poison goes straight to
+// the DLQ, counted; the conflict too.
+TEST_P(ConsumerMetricsTest, InBatchCopiesPoisonAndConflictsAreCounted) {
+  broker_.Publish("p0", R"({"id":"a","n":1})");
+  broker_.Publish("p1", R"({"id":"a","n":1})");
+  broker_.Publish("p0", R"({"id":"a","n":1})");
+  broker_.Publish("p0", R"({"id":"a","n":2})");
+  broker_.Publish("p0", R"({"n":3})");  // no key
+  broker_.Publish("p1", R"({"id":"b"})");
+  auto options = Options();
+  options.key_source = KeySource::JsonPointer("/id");
+  options.fingerprint = FingerprintMode::kJson;
+  Consumer consumer(*store_, broker_, Recording(), options);
+  ASSERT_TRUE(Round(consumer).has_value());
+  ASSERT_EQ(runs_.size(), 2u);
+  EXPECT_EQ(broker_.Acknowledged().size(), 6u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 2u);
+  EXPECT_EQ(metrics_.coalesced->Value(), 2u);
+  EXPECT_EQ(metrics_.begin_conflict->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_replay->Value(), 0u);
+  EXPECT_EQ(metrics_.dlq_sends->Value(), 2u);  // the poison and the conflict
+  EXPECT_EQ(consumer.counts().dead_lettered, 2u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 2u);
+  EXPECT_EQ(metrics_.store_begin_seconds->Count(), 1u);  // one BeginBatch
+
+  // Redelivered, every copy is a replay from the store.
+  broker_.Publish("p0", R"({"id":"a","n":1})");
+  broker_.Publish("p0", R"({"id":"b"})");
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_EQ(metrics_.begin_replay->Value(), 2u);
+  EXPECT_EQ(runs_.size(), 2u);
+}
+
+// A handler that exhausts its attempts is dead-lettered and its key completed as a failure;
+// handler time is observed once per run.
+TEST_P(ConsumerMetricsTest, ADeadLetteredKeyCountsAFailedCompletionAndEveryRun) {
+  broker_.PublishKeyed("p0", "bad");
+  Consumer consumer(
+      *store_, broker_,
+      [](const HandlerContext&, const BrokerMessage&) -> HandlerVerdict {
+        return {Verdict::kRetryable, "down"};
+      },
+      Options());
+  ASSERT_TRUE(Round(consumer).has_value());
+  EXPECT_EQ(metrics_.handler_seconds->Count(), 3u);  // max_attempts
+  EXPECT_EQ(metrics_.dlq_sends->Value(), 1u);
+  EXPECT_EQ(metrics_.complete_failure->Value(), 1u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 0u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Pipeline, ConsumerMetricsTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "pipelined" : "sequential"; });
+
 TEST(ConsumerRaceTest, ConcurrentConsumersRunEachKeyOnce) {
   auto store = NewMemoryStore();
   constexpr int kKeys = 2000;
