@@ -41,6 +41,12 @@ class ReceiverTest : public ::testing::Test {
     o.keep_leases = false;
     return o;
   }
+  // Options() counted in metrics_.
+  ReceiverOptions Counted() {
+    ReceiverOptions o = Options();
+    o.metrics = &metrics_;
+    return o;
+  }
   Handler Counting(std::string response = "ok") {
     return [this, response](const HandlerContext& c) {
       runs_.fetch_add(1);
@@ -51,6 +57,8 @@ class ReceiverTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  Registry registry_;
+  Metrics metrics_{registry_, "payments"};
   std::unique_ptr<Store> store_;
   std::atomic<int> runs_{0};
   std::uint32_t last_attempt_ = 0;
@@ -158,8 +166,10 @@ TEST_F(ReceiverTest, WaitPolicyReturnsTheOutcomeWhenTheHolderFinishes) {
   EXPECT_EQ(runs_.load(), 0);
 }
 
+// Every delivery counts one answer (metrics.h): the first execution its Begin's, a follower
+// that got its outcome idem_coalesced_total (no Begin), one after it finished the store's Replay.
 TEST_F(ReceiverTest, CoalesceGivesEveryConcurrentDuplicateTheFirstOutcome) {
-  ReceiverOptions o = Options();
+  ReceiverOptions o = Counted();
   o.busy_policy = BusyPolicy::kCoalesce;
   o.busy_wait = milliseconds(60'000);
   Receiver r(*store_, o);
@@ -181,14 +191,25 @@ TEST_F(ReceiverTest, CoalesceGivesEveryConcurrentDuplicateTheFirstOutcome) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(runs_.load(), 1);
   int executed = 0;
+  std::uint64_t coalesced = 0;
+  std::uint64_t replayed = 0;
   for (auto& res : results) {
     ASSERT_TRUE(res) << res.error().ToString();
     EXPECT_THAT(res->delivery,
                 ::testing::AnyOf(Delivery::kExecuted, Delivery::kCoalesced, Delivery::kReplayed));
     EXPECT_EQ(res->response, "created");
     executed += res->delivery == Delivery::kExecuted;
+    coalesced += res->delivery == Delivery::kCoalesced;
+    replayed += res->delivery == Delivery::kReplayed;
   }
   EXPECT_EQ(executed, 1);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics_.coalesced->Value(), coalesced);
+  EXPECT_EQ(metrics_.begin_replay->Value(), replayed);
+  EXPECT_EQ(metrics_.begin_busy->Value(), 0u);
+  EXPECT_EQ(metrics_.store_begin_seconds->Count(), 1 + replayed);  // followers make no Begin
+  EXPECT_EQ(metrics_.handler_seconds->Count(), 1u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 1u);
 }
 
 // A duplicate with another payload is another request: it is not handed the first one's
@@ -729,55 +750,10 @@ TEST_F(ReceiverTest, AWaitCountsTheAnswerItEndedWithOnce) {
   EXPECT_EQ(metrics.begin_replay->Value(), 1u);
 }
 
-// kCoalesce: every delivery counts one answer (metrics.h). The first execution counts its
-// Begin's, a follower that got its outcome idem_coalesced_total, one that came after it
-// finished the store's Replay.
-TEST_F(ReceiverTest, CoalesceCountsEachDeliveryOnce) {
-  Registry registry;
-  Metrics metrics(registry, "payments");
-  ReceiverOptions o = Options();
-  o.metrics = &metrics;
-  o.busy_policy = BusyPolicy::kCoalesce;
-  o.busy_wait = milliseconds(60'000);
-  Receiver r(*store_, o);
-  constexpr int kThreads = 8;
-  std::atomic<int> arrived{0};
-  std::vector<Result<Delivered>> results(kThreads, InternalError("not run"));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&, i] {
-      arrived.fetch_add(1);
-      results[i] = r.Receive({.key = "order-7"}, [&](const HandlerContext&) {
-        while (arrived.load() < kThreads) std::this_thread::yield();
-        return HandlerResult{Outcome::kSuccess, "created"};
-      });
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::uint64_t coalesced = 0;
-  std::uint64_t replayed = 0;
-  for (auto& res : results) {
-    ASSERT_TRUE(res) << res.error().ToString();
-    coalesced += res->delivery == Delivery::kCoalesced;
-    replayed += res->delivery == Delivery::kReplayed;
-  }
-  EXPECT_EQ(metrics.begin_acquired->Value(), 1u);
-  EXPECT_EQ(metrics.coalesced->Value(), coalesced);
-  EXPECT_EQ(metrics.begin_replay->Value(), replayed);
-  EXPECT_EQ(metrics.begin_busy->Value(), 0u);
-  EXPECT_EQ(1 + coalesced + replayed, static_cast<std::uint64_t>(kThreads));
-  EXPECT_EQ(metrics.store_begin_seconds->Count(), 1 + replayed);  // followers make no Begin
-  EXPECT_EQ(metrics.handler_seconds->Count(), 1u);
-  EXPECT_EQ(metrics.complete_success->Value(), 1u);
-}
-
 // A follower that waits out busy_wait answers Busy: it was not counted at all (a delivery with
 // no answer on /metrics).
 TEST_F(ReceiverTest, ACoalescedFollowerThatGivesUpCountsBusy) {
-  Registry registry;
-  Metrics metrics(registry, "payments");
-  ReceiverOptions o = Options();
-  o.metrics = &metrics;
+  ReceiverOptions o = Counted();
   o.busy_policy = BusyPolicy::kCoalesce;
   o.busy_wait = milliseconds(20);  // real time, for a follower
   Receiver r(*store_, o);
@@ -798,39 +774,36 @@ TEST_F(ReceiverTest, ACoalescedFollowerThatGivesUpCountsBusy) {
   first.join();
   ASSERT_TRUE(follower) << follower.error().ToString();
   EXPECT_EQ(follower->delivery, Delivery::kBusy);
-  EXPECT_EQ(metrics.begin_busy->Value(), 1u);
-  EXPECT_EQ(metrics.begin_acquired->Value(), 1u);
-  EXPECT_EQ(metrics.coalesced->Value(), 0u);
+  EXPECT_EQ(metrics_.begin_busy->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics_.coalesced->Value(), 0u);
 }
 
 // idem_store_op_seconds observes each store call once: every try of a retried completion or
 // release (it observed a retried completion once, and releases never).
 TEST_F(ReceiverTest, StoreOpTimeIsObservedOncePerStoreCall) {
   FaultyStore faulty(*store_);
-  Registry registry;
-  Metrics metrics(registry, "payments");
-  ReceiverOptions o = Options();
-  o.metrics = &metrics;
+  ReceiverOptions o = Counted();
   Receiver r(faulty, o);
   faulty.FailTimes(FaultyStore::kComplete, 2);
   ASSERT_TRUE(r.Receive({.key = "k"}, Counting()));
-  EXPECT_EQ(metrics.store_begin_seconds->Count(), 1u);
-  EXPECT_EQ(metrics.store_complete_seconds->Count(), 3u);
-  EXPECT_EQ(metrics.store_release_seconds->Count(), 0u);
-  EXPECT_EQ(metrics.store_errors->Value(), 2u);
-  EXPECT_EQ(metrics.complete_success->Value(), 1u);
+  EXPECT_EQ(metrics_.store_begin_seconds->Count(), 1u);
+  EXPECT_EQ(metrics_.store_complete_seconds->Count(), 3u);
+  EXPECT_EQ(metrics_.store_release_seconds->Count(), 0u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 2u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 1u);
 
   faulty.FailTimes(FaultyStore::kRelease, 1);
   auto failed = r.Receive({.key = "f"}, [](const HandlerContext&) {
     return HandlerResult{.outcome = Outcome::kFailure};
   });
   ASSERT_TRUE(failed) << failed.error().ToString();
-  EXPECT_EQ(metrics.store_release_seconds->Count(), 2u);
-  EXPECT_EQ(metrics.store_complete_seconds->Count(), 3u);
-  EXPECT_EQ(metrics.releases->Value(), 1u);
-  EXPECT_EQ(metrics.store_errors->Value(), 3u);
-  EXPECT_EQ(metrics.handler_seconds->Count(), 2u);
-  const std::string text = registry.RenderPrometheus();
+  EXPECT_EQ(metrics_.store_release_seconds->Count(), 2u);
+  EXPECT_EQ(metrics_.store_complete_seconds->Count(), 3u);
+  EXPECT_EQ(metrics_.releases->Value(), 1u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 3u);
+  EXPECT_EQ(metrics_.handler_seconds->Count(), 2u);
+  const std::string text = registry_.RenderPrometheus();
   EXPECT_THAT(text,
               HasSubstr("idem_store_op_seconds_count{scope=\"payments\",op=\"release\"} 2\n"));
   EXPECT_THAT(text,
@@ -842,30 +815,27 @@ TEST_F(ReceiverTest, StoreOpTimeIsObservedOncePerStoreCall) {
 // versioned and a client's begin.
 TEST_F(ReceiverTest, EveryFailClosedPathCountsItsStoreErrors) {
   FaultyStore faulty(*store_);
-  Registry registry;
-  Metrics metrics(registry, "payments");
-  ReceiverOptions o = Options();
-  o.metrics = &metrics;
+  ReceiverOptions o = Counted();
   Receiver r(faulty, o);
   faulty.Fail(FaultyStore::kBegin | FaultyStore::kVersion | FaultyStore::kSession);
   ASSERT_FALSE(r.Receive({.key = "k"}, Counting()));
   ASSERT_FALSE(r.Receive({.entity = "e", .version = 1}, Counting()));
   ASSERT_FALSE(r.Receive({.client_id = "c", .seq = 1}, Counting()));
   EXPECT_EQ(runs_.load(), 0);
-  EXPECT_EQ(metrics.store_errors->Value(), 3u);
-  EXPECT_EQ(metrics.store_begin_seconds->Count(), 3u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 3u);
+  EXPECT_EQ(metrics_.store_begin_seconds->Count(), 3u);
 
   faulty.Fail(FaultyStore::kComplete);
   ASSERT_FALSE(r.Receive({.key = "c"}, Counting()));
-  EXPECT_EQ(metrics.store_errors->Value(), 6u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 6u);
   faulty.Fail(FaultyStore::kRelease);
   ASSERT_FALSE(r.Receive({.key = "r"}, [](const HandlerContext&) {
     return HandlerResult{.outcome = Outcome::kFailure};
   }));
-  EXPECT_EQ(metrics.store_errors->Value(), 9u);
-  EXPECT_EQ(metrics.begin_acquired->Value(), 2u);
-  EXPECT_EQ(metrics.complete_success->Value() + metrics.complete_failure->Value(), 0u);
-  EXPECT_EQ(metrics.releases->Value(), 0u);
+  EXPECT_EQ(metrics_.store_errors->Value(), 9u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 2u);
+  EXPECT_EQ(metrics_.complete_success->Value() + metrics_.complete_failure->Value(), 0u);
+  EXPECT_EQ(metrics_.releases->Value(), 0u);
 }
 
 // A takeover is an Acquired over an expired lease (attempt 2): counted once, with its acquire. A
@@ -873,26 +843,23 @@ TEST_F(ReceiverTest, EveryFailClosedPathCountsItsStoreErrors) {
 // remembered failure counts a failed completion, and its duplicate a replay. A completion that
 // lost the lease counts lease-lost, not a completion.
 TEST_F(ReceiverTest, CountsTakeoversRememberedFailuresAndLostLeases) {
-  Registry registry;
-  Metrics metrics(registry, "payments");
-  ReceiverOptions o = Options();
-  o.metrics = &metrics;
+  ReceiverOptions o = Counted();
   Receiver r(*store_, o);
   ASSERT_TRUE(store_->Begin({"payments", "dead", std::nullopt, milliseconds(1000)}));
   clock_.Advance(milliseconds(1000));
   auto taken = r.Receive({.key = "dead"}, Counting());
   ASSERT_TRUE(taken);
   EXPECT_EQ(taken->attempt, 2u);
-  EXPECT_EQ(metrics.takeovers->Value(), 1u);
-  EXPECT_EQ(metrics.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics_.takeovers->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);
 
   const Handler failing = [](const HandlerContext&) {
     return HandlerResult{Outcome::kFailure, "no"};
   };
   ASSERT_TRUE(r.Receive({.key = "f"}, failing));
   ASSERT_TRUE(r.Receive({.key = "f"}, failing));
-  EXPECT_EQ(metrics.releases->Value(), 2u);
-  EXPECT_EQ(metrics.takeovers->Value(), 1u);
+  EXPECT_EQ(metrics_.releases->Value(), 2u);
+  EXPECT_EQ(metrics_.takeovers->Value(), 1u);
 
   ReceiverOptions remember = o;
   remember.failure_policy = FailurePolicy::kRemember;
@@ -901,8 +868,8 @@ TEST_F(ReceiverTest, CountsTakeoversRememberedFailuresAndLostLeases) {
   auto replay = rr.Receive({.key = "g"}, failing);
   ASSERT_TRUE(replay);
   EXPECT_EQ(replay->delivery, Delivery::kReplayed);
-  EXPECT_EQ(metrics.complete_failure->Value(), 1u);
-  EXPECT_EQ(metrics.begin_replay->Value(), 1u);
+  EXPECT_EQ(metrics_.complete_failure->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_replay->Value(), 1u);
 
   auto lost = r.Receive({.key = "slow"}, [&](const HandlerContext&) {
     clock_.Advance(milliseconds(1500));
@@ -911,9 +878,9 @@ TEST_F(ReceiverTest, CountsTakeoversRememberedFailuresAndLostLeases) {
   });
   ASSERT_FALSE(lost);
   EXPECT_EQ(lost.error().code(), StatusCode::kAborted);
-  EXPECT_EQ(metrics.lease_lost->Value(), 1u);
-  EXPECT_EQ(metrics.complete_success->Value(), 1u);  // "dead"'s only
-  EXPECT_EQ(metrics.begin_acquired->Value(), 5u);
+  EXPECT_EQ(metrics_.lease_lost->Value(), 1u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 1u);  // "dead"'s only
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 5u);
 }
 
 // A key the receiver accepts but the store refuses (the store's own max_key_bytes is lower) is
