@@ -979,7 +979,11 @@ struct Server::Impl {
       // counts one answer per request, the one it ends with.
       const bool poll_again = answer && std::holds_alternative<Busy>(*answer) &&
                               route.in_flight == InFlightPolicy::kWait && now + pause < deadline;
-      if (!poll_again) CountBegin(metrics.store, answer);
+      // Under rotation an Acquired is not the answer yet either: what the secondary secret's
+      // scope holds may decide it instead (FromSecondary counts that).
+      const bool looks_further =
+          answer && std::holds_alternative<Acquired>(*answer) && !secondary.empty();
+      if (!poll_again && !looks_further) CountBegin(metrics.store, answer);
       if (!answer && answer.error().code() == StatusCode::kInvalidArgument) {
         // The store refuses this request's input: the config bounds everything else it checks
         // (durations, max_key_bytes, the scope), so what is left is the key, e.g. longer than a
@@ -1008,6 +1012,7 @@ struct Server::Impl {
                   co_await FromSecondary(w, req, scope, secondary, key, fp, acquired->token)) {
             co_return std::move(*found);
           }
+          CountBegin(metrics.store, answer);
         }
         co_return co_await Forward(w, req, route, scope, key, *acquired);
       }
@@ -1084,6 +1089,21 @@ struct Server::Impl {
       result = SecondaryResult::kReplayed;
     }
     metrics.CountSecondary(result);
+    // The request's begin answer is the secondary scope's (a lookup that failed is a store
+    // error, counted above).
+    switch (result) {
+      case SecondaryResult::kInFlight:
+        metrics.store.begin_busy->Inc();
+        break;
+      case SecondaryResult::kKeyReuse:
+        metrics.store.begin_conflict->Inc();
+        break;
+      case SecondaryResult::kReplayed:
+        metrics.store.begin_replay->Inc();
+        break;
+      default:
+        break;
+    }
     if (!answer) co_return std::nullopt;
     co_await ReleaseKey(w, scope, key, token);
     co_return answer;
@@ -1157,12 +1177,16 @@ struct Server::Impl {
 
   awaitable<void> ReleaseKey(Worker& w, const std::string& scope, const std::string& key,
                              Token token) {
+    const auto t0 = SteadyClock::now();
     Result<WriteAnswer> r = co_await StoreRelease(w, scope, key, token);
+    metrics.store.store_release_seconds->ObserveDuration(SteadyClock::now() - t0);
     if (!r) {
       metrics.store.store_errors->Inc();
       log.Write(Level::kError, Cat("event=release_failed error=", Quoted{r.error().ToString()}));
     } else if (*r == WriteAnswer::kApplied) {
       metrics.store.releases->Inc();
+    } else {
+      metrics.store.lease_lost->Inc();  // taken over while the upstream ran
     }
   }
 

@@ -1688,6 +1688,15 @@ TEST_F(GatewayStoreFailureTest, ASecondaryScopesRunningLeaseIs409AndItsLookupFai
   EXPECT_THAT(text, HasSubstr("idemd_secondary_scope_lookups_total{result=\"error\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("idemd_secondary_scope_lookups_total{result=\"replayed\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("idem_store_errors_total{scope=\"gateway\"} 1\n"));
+  // Each request's begin answer is the one it was given: the two 409s are busy, not acquired
+  // (it counted 5 acquired and 0 busy), the failed lookup none; the keys acquired under the
+  // new scope and given back are releases, each timed.
+  EXPECT_THAT(text, HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"acquired\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"busy\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("idem_begin_total{scope=\"gateway\",answer=\"replay\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("idem_release_total{scope=\"gateway\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("idem_store_op_seconds_count{scope=\"gateway\",op=\"release\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("idem_complete_total{scope=\"gateway\",outcome=\"success\"} 2\n"));
 }
 
 // A store that refuses the request's input (here a key above a store's own max_key_bytes, as
