@@ -315,16 +315,19 @@ struct Consumer::Impl {
     ++counts.store_errors;
   }
 
-  // Counts one answer of a Begin (metrics.h): a store error, or the answer -- except Busy,
-  // which is waited out, so the delivery counts the answer the wait ends with (or one busy
-  // when it gives up: WaitOutBusyAnswer, Acknowledge).
+  // Counts one answer of a Begin in the metrics (core::CountBeginAnswer: a Busy is waited out,
+  // so the delivery counts the answer the wait ends with, or one busy when it gives up:
+  // WaitOutBusyAnswer, Acknowledge) and a failed one in counts().
   void CountAnswer(const Result<BeginAnswer>& answer) {
-    if (!answer) {
-      // kInvalidArgument: the store refused the request's input, not a store failure.
-      if (answer.error().code() != StatusCode::kInvalidArgument) CountStoreError();
-      return;
-    }
-    if (metrics && !std::holds_alternative<Busy>(*answer)) CountBegin(*metrics, answer);
+    core::CountBeginAnswer(metrics ? &*metrics : nullptr, answer, /*polls_on_busy=*/true);
+    CountFailedBegin(answer);
+  }
+  // counts()'s side of a Begin's answer: a store error, unless the store refused the request's
+  // input (kInvalidArgument), as CountBegin counts it.
+  void CountFailedBegin(const Result<BeginAnswer>& answer) {
+    if (answer || answer.error().code() == StatusCode::kInvalidArgument) return;
+    std::lock_guard lock(counts_mu);
+    ++counts.store_errors;
   }
 
   // Sleeps `d` (cut short by Stop() on the system clock).
@@ -349,25 +352,25 @@ struct Consumer::Impl {
     return milliseconds(static_cast<std::int64_t>(d * factor(random)));
   }
 
-  // A Begin of the item alone, timed and counted (CountAnswer).
+  // A Begin of the item alone, timed and counted as CountAnswer counts.
   Result<BeginAnswer> BeginOne(const Item& item) {
-    core::Stopwatch sw;
-    Result<BeginAnswer> answer = BeginInStore(item);
-    if (metrics) metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
-    CountAnswer(answer);
+    Metrics* m = metrics ? &*metrics : nullptr;
+    Result<BeginAnswer> answer = [&] {
+      if (item.version != 0) {
+        const VersionedBeginRequest req{.scope = options.scope,
+                                        .entity = item.entity,
+                                        .version = item.version,
+                                        .lease = options.lease};
+        return core::TimedBegin(store, req, m, /*polls_on_busy=*/true);
+      }
+      const BeginRequest req{.scope = options.scope,
+                             .key = item.key,
+                             .fingerprint = item.fingerprint,
+                             .lease = options.lease};
+      return core::TimedBegin(store, req, m, /*polls_on_busy=*/true);
+    }();
+    CountFailedBegin(answer);
     return answer;
-  }
-  Result<BeginAnswer> BeginInStore(const Item& item) {
-    if (item.version != 0) {
-      return store.BeginVersioned({.scope = options.scope,
-                                   .entity = item.entity,
-                                   .version = item.version,
-                                   .lease = options.lease});
-    }
-    return store.Begin({.scope = options.scope,
-                        .key = item.key,
-                        .fingerprint = item.fingerprint,
-                        .lease = options.lease});
   }
 
   // Takes the key, fingerprint or poison reason of a message.
@@ -1003,13 +1006,12 @@ struct Consumer::Impl {
         Item& item = r.items[r.completions[c].item];
         if (k >= results.size() || !results[k]) {
           Completion& done = r.completions[c];
-          // Each failed answer of each try, as the receiver counts them; a refusal (a response
-          // over the store's limit) is the outcome's fault, not the store's.
-          if (k >= results.size() || results[k].error().code() != StatusCode::kInvalidArgument) {
-            CountStoreError();
-          }
-          if (k < results.size() && results[k].error().code() == StatusCode::kInvalidArgument &&
-              !done.refused) {
+          // Each failed answer of each try is a store error, as the receiver counts them; a
+          // refusal (a response over the store's limit) is the outcome's fault, not the store's.
+          const bool refused =
+              k < results.size() && results[k].error().code() == StatusCode::kInvalidArgument;
+          if (!refused) CountStoreError();
+          if (refused && !done.refused) {
             // The store will never take this outcome (a response over its limit), and handing
             // the message back would run the handler again: a failure that says why is stored
             // in its place, for duplicates to replay.

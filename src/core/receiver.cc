@@ -108,12 +108,17 @@ Result<BeginAnswer> Timed(Metrics* metrics, bool polls_on_busy, const Begin& beg
   auto answer = begin();
   if (metrics == nullptr) return answer;
   metrics->store_begin_seconds->ObserveDuration(sw.Elapsed());
-  if (!polls_on_busy || !answer || !std::holds_alternative<Busy>(*answer)) {
-    CountBegin(*metrics, answer);
-  }
+  CountBeginAnswer(metrics, answer, polls_on_busy);
   return answer;
 }
 }  // namespace
+
+void CountBeginAnswer(Metrics* metrics, const Result<BeginAnswer>& answer, bool polls_on_busy) {
+  if (metrics == nullptr) return;
+  if (!polls_on_busy || !answer || !std::holds_alternative<Busy>(*answer)) {
+    CountBegin(*metrics, answer);
+  }
+}
 
 Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* metrics,
                                bool polls_on_busy) {

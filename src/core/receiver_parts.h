@@ -46,6 +46,10 @@ Result<BeginAnswer> TimedBegin(Store& store, const BeginRequest& req, Metrics* m
 Result<BeginAnswer> TimedBegin(Store& store, const VersionedBeginRequest& req, Metrics* metrics,
                                bool polls_on_busy = false);
 void CountBusy(Metrics* metrics);
+// CountBegin(*metrics, answer) when `metrics` is not null, but a Busy is left out when the
+// caller polls on it (`polls_on_busy`): the rule TimedBegin counts by, for a caller that began
+// otherwise (a batch).
+void CountBeginAnswer(Metrics* metrics, const Result<BeginAnswer>& answer, bool polls_on_busy);
 
 // begin(), and while it answers Busy under a waiting busy_policy (kWait, kCoalesce), again with
 // backoff (1 ms doubling to 50 ms) until options.busy_wait has passed on `clock`; a Busy given

@@ -1067,6 +1067,7 @@ struct Server::Impl {
     Result<std::optional<Record>> found = co_await StoreGet(w, secondary, key);
     std::optional<Answer> answer;
     SecondaryResult result = SecondaryResult::kAbsent;
+    Counter* begin_answer = nullptr;
     if (!found) {
       log.Write(Level::kWarn,
                 Cat("event=store_error op=get error=", Quoted{found.error().ToString()}));
@@ -1080,30 +1081,21 @@ struct Server::Impl {
       if (r.lease_deadline > Clock::System().Now()) {
         answer.emplace(MakeProblem(req, problems::InFlight(key)), Outcome::kInFlight);
         result = SecondaryResult::kInFlight;
+        begin_answer = metrics.store.begin_busy;
       }
     } else if (r.fingerprint && *r.fingerprint != fp) {
       answer.emplace(MakeProblem(req, problems::KeyReuse(key)), Outcome::kKeyReuse);
       result = SecondaryResult::kKeyReuse;
+      begin_answer = metrics.store.begin_conflict;
     } else {
       answer.emplace(Replayed(req, r.response));
       result = SecondaryResult::kReplayed;
+      begin_answer = metrics.store.begin_replay;
     }
     metrics.CountSecondary(result);
     // The request's begin answer is the secondary scope's (a lookup that failed is a store
     // error, counted above).
-    switch (result) {
-      case SecondaryResult::kInFlight:
-        metrics.store.begin_busy->Inc();
-        break;
-      case SecondaryResult::kKeyReuse:
-        metrics.store.begin_conflict->Inc();
-        break;
-      case SecondaryResult::kReplayed:
-        metrics.store.begin_replay->Inc();
-        break;
-      default:
-        break;
-    }
+    if (begin_answer != nullptr) begin_answer->Inc();
     if (!answer) co_return std::nullopt;
     co_await ReleaseKey(w, scope, key, token);
     co_return answer;
