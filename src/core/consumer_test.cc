@@ -1442,7 +1442,7 @@ TEST_P(ConsumerMetricsTest, ADeadLetteredKeyCountsAFailedCompletionAndEveryRun) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Pipeline, ConsumerMetricsTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "pipelined" : "sequential"; });
+                         [](const auto& p) { return p.param ? "pipelined" : "sequential"; });
 
 TEST(ConsumerRaceTest, ConcurrentConsumersRunEachKeyOnce) {
   auto store = NewMemoryStore();
