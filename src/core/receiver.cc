@@ -618,12 +618,12 @@ Result<Delivered> Receiver::Finish(std::string_view key, std::uint32_t attempt,
     }
   }
   if (!written) {
-    if (m != nullptr) m->store_errors->Inc();
     if (written.error().code() == StatusCode::kInvalidArgument) {
       return FailedPreconditionError(
           "handler ran but the store refused its outcome: " + written.error().message() +
           "; the key stays in progress until its lease ends");
     }
+    if (m != nullptr) m->store_errors->Inc();
     return StoreError(written.error(), "handler ran but its outcome could not be stored");
   }
   if (*written == WriteAnswer::kLeaseLost) {

@@ -460,6 +460,28 @@ TEST_F(ReceiverTest, AnOutcomeTheStoreRefusesIsStoredAsAFailureNotRunAgain) {
   EXPECT_EQ(runs_.load(), 1);
 }
 
+// When even the shorter failure is refused, the key stays IN_PROGRESS and the caller hears why;
+// a refused input is not a store that failed to answer, so no store error is counted.
+TEST_F(ReceiverTest, AnOutcomeRefusedTwiceIsNotAStoreError) {
+  FaultyStore faulty(*store_);
+  faulty.RefuseResponsesOver(10);  // shorter than the failure text stored in its place
+  Registry registry;
+  Metrics metrics(registry, "payments");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  Receiver r(faulty, o);
+  auto res = r.Receive({.key = "k"}, [&](const HandlerContext&) {
+    ++runs_;
+    return HandlerResult{Outcome::kSuccess, std::string(1000, 'r')};
+  });
+  ASSERT_FALSE(res);
+  EXPECT_EQ(res.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(res.error().message(), HasSubstr("stays in progress"));
+  EXPECT_EQ(metrics.store_errors->Value(), 0u);
+  EXPECT_EQ(metrics.complete_failure->Value(), 0u);
+  EXPECT_EQ(runs_.load(), 1);
+}
+
 TEST_F(ReceiverTest, LeaseLostToANewerWorkerIsAborted) {
   Receiver r(*store_, Options());
   auto res = r.Receive({.key = "k"}, [&](const HandlerContext&) {
