@@ -1150,13 +1150,18 @@ struct Server::Impl {
         if (attempt > 0 && *done == WriteAnswer::kLeaseLost) done = WriteAnswer::kApplied;
         break;
       }
+      // A response the store refuses (over its own limit) is refused the same way again.
+      if (done.error().code() == StatusCode::kInvalidArgument) break;
     }
     if (!done) {
       // The upstream acted; its answer is the truth for this client. The key stays in progress
-      // until its lease ends, then a retry runs again with the next attempt number.
-      metrics.store.store_errors->Inc();
-      log.Write(Level::kError,
-                Cat("event=completion_lost error=", Quoted{done.error().ToString()}));
+      // until its lease ends, then a retry runs again with the next attempt number. A refused
+      // response is not a store that failed to answer, so it is no store error.
+      const bool refused = done.error().code() == StatusCode::kInvalidArgument;
+      if (!refused) metrics.store.store_errors->Inc();
+      log.Write(Level::kError, Cat(refused ? "event=store_refused op=complete error="
+                                           : "event=completion_lost error=",
+                                   Quoted{done.error().ToString()}));
     } else if (*done == WriteAnswer::kLeaseLost) {
       metrics.store.lease_lost->Inc();
       log.Write(Level::kWarn,

@@ -1628,6 +1628,22 @@ TEST_F(GatewayStoreFailureTest, ACompletionTheStoreFailsOnceIsTriedAgain) {
   EXPECT_EQ(LedgerCharges(), 1);
 }
 
+// A completion the store refuses (a response over the store's limit) is not tried again: it
+// would be refused the same way, three times, each counted a store error. The client still gets
+// the upstream's answer; the key stays in flight until its lease ends.
+TEST_F(GatewayStoreFailureTest, ACompletionTheStoreRefusesIsNotRetriedNorAStoreError) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  faulty_.RefuseResponsesOver(1);
+  EXPECT_EQ(Charge("s-4").status, 201);
+  EXPECT_EQ(Charge("s-4").status, 409);
+  EXPECT_EQ(LedgerCharges(), 1);
+  const std::string text = registry_.RenderPrometheus();
+  EXPECT_THAT(text, HasSubstr("idem_store_errors_total{scope=\"gateway\"} 0\n"));
+  EXPECT_THAT(text,
+              HasSubstr("idem_store_op_seconds_count{scope=\"gateway\",op=\"complete\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("idem_complete_total{scope=\"gateway\",outcome=\"success\"} 0\n"));
+}
+
 // Rotation, in process over a store the test also reaches: a key held under the secondary
 // secret's scope with a running lease is 409 (and is not begun under the new scope), also when
 // the new scope's attempt was a takeover; one whose lease ran out is run; a store that cannot
