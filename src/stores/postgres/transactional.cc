@@ -213,10 +213,35 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   pg::PostgresStore& store = *pg::AsPostgres(store_);
   const std::chrono::milliseconds timeout = store.options().statement_timeout;
   Metrics* m = options_.metrics;
-  // The key is ours but the handler cannot run: give it back so a retry need not wait for the
-  // lease (best effort; if that fails too, the lease runs out).
+  // Each store call is timed under its op, as the receiver times its own.
+  const auto timed_release = [&] {
+    Stopwatch rsw;
+    auto r = store_.Release(options_.scope, key, acquired.token);
+    if (m != nullptr) m->store_release_seconds->ObserveDuration(rsw.Elapsed());
+    return r;
+  };
+  const auto timed_complete = [&](const CompleteRequest& req) {
+    Stopwatch wsw;
+    auto r = store_.Complete(req);
+    if (m != nullptr) m->store_complete_seconds->ObserveDuration(wsw.Elapsed());
+    return r;
+  };
+  // Gives the key back after a failure, so that a retry need not wait for the lease: best
+  // effort (if it fails too, the lease runs out), but counted like any release.
+  const auto release_after_failure = [&] {
+    auto r = timed_release();
+    if (m == nullptr) return;
+    if (!r) {
+      m->store_errors->Inc();
+    } else if (*r == WriteAnswer::kApplied) {
+      m->releases->Inc();
+    } else {
+      m->lease_lost->Inc();
+    }
+  };
+  // The key is ours but the handler cannot run.
   const auto not_run = [&](const Status& s) -> Result<Delivered> {
-    (void)store_.Release(options_.scope, key, acquired.token);
+    release_after_failure();
     if (m != nullptr) m->store_errors->Inc();
     return StoreError(s, "no transaction for the handler; handler not run");
   };
@@ -290,10 +315,10 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
       (void)Simple(*conn, "ROLLBACK", timeout);
     }
     (void)conn->Fail("the handler ended its transaction itself");
-    auto stored = store_.Complete({options_.scope, key, acquired.token, Outcome::kFailure,
-                                   "the handler ended its transaction itself; its writes may "
-                                   "have committed",
-                                   options_.failure_retention});
+    auto stored = timed_complete({options_.scope, key, acquired.token, Outcome::kFailure,
+                                  "the handler ended its transaction itself; its writes may "
+                                  "have committed",
+                                  options_.failure_retention});
     std::string then = "; the key was stored as failed, not released, so it will not run again";
     if (!stored) {
       if (m != nullptr) m->store_errors->Inc();
@@ -314,8 +339,7 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
   if (result.outcome == Outcome::kSuccess && (in_error || !tx.failure().ok())) {
     // It says success, but a statement of its transaction failed: nothing may commit.
     rollback();
-    auto released = store_.Release(options_.scope, key, acquired.token);
-    if (released && *released == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
+    release_after_failure();
     const Status why =
         !tx.failure().ok() ? tx.failure() : UnavailableError("the transaction is not usable");
     return AbortedError("the handler returned success but its transaction failed (" +
@@ -327,12 +351,12 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
     rollback();
     Result<WriteAnswer> written = WriteAnswer::kApplied;
     if (options_.failure_policy == FailurePolicy::kRelease) {
-      written = store_.Release(options_.scope, key, acquired.token);
+      written = timed_release();
       out.released = true;
       if (written && *written == WriteAnswer::kApplied && m != nullptr) m->releases->Inc();
     } else {
-      written = store_.Complete({options_.scope, key, acquired.token, Outcome::kFailure,
-                                 result.response, options_.failure_retention});
+      written = timed_complete({options_.scope, key, acquired.token, Outcome::kFailure,
+                                result.response, options_.failure_retention});
       if (written && *written == WriteAnswer::kApplied && m != nullptr) {
         m->complete_failure->Inc();
       }
@@ -393,7 +417,7 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
     // Not the lease: the connection itself may be what failed it (a statement the handler
     // left behind), so it is not used again.
     (void)conn->Fail("the completion failed");
-    (void)store_.Release(options_.scope, key, acquired.token);
+    release_after_failure();
     if (m != nullptr) m->store_errors->Inc();
     return StoreError(why, "handler ran but its transaction was rolled back");
   }
@@ -407,7 +431,7 @@ Result<Delivered> TransactionalReceiver::Execute(std::string key, const Acquired
     if (PQtransactionStatus(conn->get()) != PQTRANS_IDLE) {
       if (!Simple(*conn, "ROLLBACK", timeout).ok()) (void)conn->Fail("rollback failed");
     }
-    (void)store_.Release(options_.scope, key, acquired.token);
+    release_after_failure();
     if (m != nullptr) m->store_errors->Inc();
     return AbortedError("handler ran but its transaction did not commit (" + why.ToString() +
                         "); nothing was applied and the key was released");

@@ -16,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "idem/metrics.h"
 #include "idem/stores/memory.h"
 #include "idem/stores/postgres.h"
 #include "stores/postgres/testing.h"
@@ -165,6 +166,35 @@ TEST_F(TransactionalTest, FailedStatementWithSuccessCommitsNothing) {
   EXPECT_THAT(r, StatusIs(StatusCode::kAborted, HasSubstr("no_such_table")));
   EXPECT_EQ(EffectCount(), 0);
   EXPECT_THAT(store_->Get("tx", "k"), HoldsValue(IsNone()));
+}
+
+// Every store call is timed under its op and every release counted: the releases after a
+// failure, and after a success whose transaction failed, were neither.
+TEST_F(TransactionalTest, ReleasesAndCompletionsAreTimedAndCounted) {
+  Registry registry;
+  Metrics metrics(registry, "tx");
+  ReceiverOptions o = Options();
+  o.metrics = &metrics;
+  TransactionalReceiver receiver(*store_, o);
+  ASSERT_TRUE(receiver.Receive({.key = "f"}, Writes({Outcome::kFailure, "declined"})));
+  EXPECT_EQ(metrics.releases->Value(), 1u);
+  EXPECT_EQ(metrics.store_release_seconds->Count(), 1u);
+
+  const auto claimed = receiver.Receive({.key = "s"}, [](const HandlerContext&, PgTransaction& tx) {
+    EXPECT_FALSE(tx.Exec("INSERT INTO no_such_table VALUES (1)").has_value());
+    return HandlerResult{Outcome::kSuccess, "claims success"};
+  });
+  EXPECT_THAT(claimed, StatusIs(StatusCode::kAborted, HasSubstr("no_such_table")));
+  EXPECT_EQ(metrics.releases->Value(), 2u);
+  EXPECT_EQ(metrics.store_release_seconds->Count(), 2u);
+
+  TransactionalReceiver remembering(
+      *store_, Options({.failure_policy = FailurePolicy::kRemember, .metrics = &metrics}));
+  ASSERT_TRUE(remembering.Receive({.key = "r"}, Writes({Outcome::kFailure, "declined"})));
+  EXPECT_EQ(metrics.complete_failure->Value(), 1u);
+  EXPECT_EQ(metrics.store_complete_seconds->Count(), 1u);
+  EXPECT_EQ(metrics.store_errors->Value(), 0u);
+  EXPECT_EQ(metrics.store_begin_seconds->Count(), 3u);
 }
 
 TEST_F(TransactionalTest, LostLeaseRollsBackTheEffect) {
