@@ -138,14 +138,15 @@ Result<Endpoint> ParseEndpoint(std::string_view text, int default_port) {
 
 // ---- Connection ----
 
-Connection::Connection(Endpoint endpoint, const ConnectionOptions& options)
+Connection::Connection(Endpoint endpoint, const ConnectionOptions& options, Liveness& liveness)
     : endpoint_(std::move(endpoint)),
       options_(options),
       wait_command_(Command()
                         .Arg("WAIT")
                         .Arg(std::int64_t{options.wait_replicas})
                         .Arg(static_cast<std::int64_t>(options.wait_timeout.count()))
-                        .Take()) {}
+                        .Take()),
+      liveness_(liveness) {}
 
 Connection::~Connection() { Close(); }
 
@@ -188,6 +189,7 @@ Status Connection::Connect(Clock::time_point deadline) {
       rc = ::poll(&p, 1, timeout);
       if (rc == 0) {
         ::close(fd);
+        timed_out_ = true;
         last_error = "connect timed out after " + std::to_string(timeout) + " ms";
         continue;
       }
@@ -260,6 +262,7 @@ Status Connection::WriteAll(std::string_view bytes, Clock::time_point deadline) 
       const int rc = ::poll(&p, 1, RemainingMs(deadline));
       if (rc == 0) {
         Close();
+        timed_out_ = true;
         return Error("timed out writing (after " +
                      std::to_string(options_.command_timeout.count()) + " ms)");
       }
@@ -302,6 +305,7 @@ Result<Reply> Connection::ReadReply(Clock::time_point deadline) {
       const int rc = ::poll(&p, 1, RemainingMs(deadline));
       if (rc == 0) {
         Close();
+        timed_out_ = true;
         return Error("no reply within the command timeout");
       }
       continue;
@@ -343,6 +347,7 @@ void Connection::Start(Round& round) {
     round.calls.swap(queue_);
   }
   round.deadline = Clock::now() + options_.command_timeout;
+  timed_out_ = false;
   if (fd_ >= 0) {
     // Between rounds nothing may arrive: anything readable is the server closing the
     // connection (a restart, an idle timeout). Reconnect now rather than fail this round on a
@@ -416,6 +421,7 @@ void Connection::Finish(Round& round) {
     }
   }
   if (in_.capacity() > 4 * kReadChunk) std::vector<char>().swap(in_);
+  liveness_.RoundEnded(timed_out_);
 
   // Hand out the results. The leader's own call is among them; completing it wakes nobody.
   std::vector<Call*> failed_behind;
@@ -458,12 +464,26 @@ void Connection::Finish(Round& round) {
 
 // ---- Node ----
 
-Node::Node(Endpoint endpoint, const ConnectionOptions& options, std::size_t connections)
-    : endpoint_(std::move(endpoint)) {
+Node::Node(Endpoint endpoint, const ConnectionOptions& options, std::size_t connections,
+           std::function<void()> on_suspect)
+    : endpoint_(std::move(endpoint)), liveness_(std::move(on_suspect)) {
   connections_.reserve(std::max<std::size_t>(connections, 1));
   for (std::size_t i = 0; i < std::max<std::size_t>(connections, 1); ++i) {
-    connections_.push_back(std::make_unique<Connection>(endpoint_, options));
+    connections_.push_back(std::make_unique<Connection>(endpoint_, options, liveness_));
   }
+}
+
+Status Node::Refused() const {
+  return UnavailableError("redis " + endpoint_.ToString() +
+                          ": not answering (a call to it timed out; nothing is sent to it until "
+                          "it answers a PING); not sent");
+}
+
+void Node::Probe() {
+  const std::string ping = Command().Arg("PING").Take();
+  Call call;
+  call.out = ping;
+  RunCall(Pick(), call);
 }
 
 Connection& Node::Pick() {

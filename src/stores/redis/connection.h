@@ -16,6 +16,10 @@
 // With wait_replicas > 0, a round in which some command changed data ends with WAIT, and only
 // those commands wait for it (a Replay needs no replica, so it is answered even while a
 // promoted master has none).
+//
+// A node that lets a round time out (frozen, a network black hole) is suspect until a round
+// ends without a timeout (Liveness): callers do not send to it, so that it holds no caller
+// beyond those in flight when it stopped answering.
 #ifndef IDEM_STORES_REDIS_CONNECTION_H_
 #define IDEM_STORES_REDIS_CONNECTION_H_
 
@@ -24,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -95,9 +100,30 @@ struct Call {
   std::atomic<int> state{0};
 };
 
+// Whether a node answers, shared by its connections: live until a round on one of them times
+// out, then suspect (calls are not sent to it) until a round ends without a timeout. Whoever
+// owns the node probes it while it is suspect (on_suspect says when to start).
+class Liveness {
+ public:
+  explicit Liveness(std::function<void()> on_suspect = {}) : on_suspect_(std::move(on_suspect)) {}
+  bool live() const { return !suspect_.load(std::memory_order_acquire); }
+  // The end of a round on one of the node's connections.
+  void RoundEnded(bool timed_out) {
+    if (timed_out) {
+      if (!suspect_.exchange(true, std::memory_order_acq_rel) && on_suspect_) on_suspect_();
+    } else if (suspect_.load(std::memory_order_relaxed)) {
+      suspect_.store(false, std::memory_order_release);
+    }
+  }
+
+ private:
+  const std::function<void()> on_suspect_;
+  std::atomic<bool> suspect_{false};
+};
+
 class Connection {
  public:
-  Connection(Endpoint endpoint, const ConnectionOptions& options);
+  Connection(Endpoint endpoint, const ConnectionOptions& options, Liveness& liveness);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -134,12 +160,14 @@ class Connection {
   const Endpoint endpoint_;
   const ConnectionOptions options_;
   const std::string wait_command_;
+  Liveness& liveness_;
 
   std::mutex mu_;
   std::vector<Call*> queue_;
   std::atomic<bool> leading_{false};
 
   // The leader's own: only the thread leading a round touches these.
+  bool timed_out_ = false;  // this round waited out a timeout
   int fd_ = -1;
   redisReader* reader_ = nullptr;
   std::string out_;
@@ -149,13 +177,21 @@ class Connection {
 // A node's connections.
 class Node {
  public:
-  Node(Endpoint endpoint, const ConnectionOptions& options, std::size_t connections);
+  // `on_suspect` runs when the node stops answering (on the thread that saw it).
+  Node(Endpoint endpoint, const ConnectionOptions& options, std::size_t connections,
+       std::function<void()> on_suspect = {});
   const Endpoint& endpoint() const { return endpoint_; }
   // A connection for the calling thread: an idle one if there is one.
   Connection& Pick();
+  // Whether calls may go to the node (see Liveness); when not, Refused() says why.
+  bool live() const { return liveness_.live(); }
+  Status Refused() const;
+  // One PING, whatever the node's liveness, which it updates; kept short by the timeouts.
+  void Probe();
 
  private:
   const Endpoint endpoint_;
+  Liveness liveness_;
   std::vector<std::unique_ptr<Connection>> connections_;
 };
 

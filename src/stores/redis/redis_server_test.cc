@@ -105,9 +105,75 @@ TEST(RedisFailClosedTest, StoppedServerIsUnavailableWithinTheTimeoutThenRecovers
   EXPECT_EQ(store->Get("s", "before").status().code(), StatusCode::kUnavailable);
 
   ASSERT_TRUE((*server)->Thaw().ok());
-  // The same store, not reopened, answers again.
-  EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "before"}), "r"));
+  // The same store, not reopened, answers again (once its PING is answered).
+  EXPECT_TRUE(Eventually(
+      [&] { return IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "before"}), "r"); },
+      2s));
   EXPECT_TRUE(Finish(*store, "after", "r2"));
+}
+
+// What one call of a Hammer saw.
+struct Timed {
+  std::string key;
+  Result<BeginAnswer> answer{Conflict{}};
+  milliseconds took{0};
+};
+
+// `threads` callers, each beginning `calls` fresh keys one after another.
+std::vector<Timed> Hammer(Store& store, int threads, int calls, std::string_view tag) {
+  std::vector<Timed> got(static_cast<std::size_t>(threads * calls));
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (int i = 0; i < calls; ++i) {
+        Timed& g = got[static_cast<std::size_t>(t * calls + i)];
+        g.key = std::string(tag) + "-" + std::to_string(t) + "-" + std::to_string(i);
+        const auto start = std::chrono::steady_clock::now();
+        g.answer = store.Begin(BeginRequest{.scope = "s", .key = g.key});
+        g.took =
+            std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  return got;
+}
+
+// A server that stops answering holds only the calls in flight when it stopped: once a call
+// has timed out, nothing more is sent to it (the others fail at once) while the store PINGs it,
+// and once it answers again everyone is served. Without that, each of these 80 calls would
+// wait out its 300 ms.
+TEST(RedisFailClosedTest, AFrozenServerHoldsOnlyTheCallsInFlight) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server.has_value()) << server.error().ToString();
+  auto store = Open(SingleNode(**server));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(Finish(*store, "before", "r"));
+  ASSERT_TRUE((*server)->Freeze().ok());
+
+  constexpr int kThreads = 8, kCalls = 10;
+  int waited = 0, refused = 0;
+  for (const Timed& g : Hammer(*store, kThreads, kCalls, "frozen")) {
+    EXPECT_EQ(g.answer.status().code(), StatusCode::kUnavailable) << Show(g.answer);
+    EXPECT_THAT(g.answer.status().message(), HasSubstr((*server)->address()));
+    if (g.took >= 250ms) ++waited;
+    if (g.answer.status().message().find("not answering") != std::string::npos) {
+      ++refused;
+      EXPECT_LT(g.took, 250ms) << "a refused call waited";
+    }
+  }
+  // At most one call per caller, its first, was in flight when the server stopped answering.
+  EXPECT_LE(waited, kThreads) << "of " << kThreads * kCalls;
+  EXPECT_GE(refused, kThreads * (kCalls - 1));
+
+  // Back: within a PING's round trip, everyone is served again.
+  ASSERT_TRUE((*server)->Thaw().ok());
+  EXPECT_TRUE(Eventually(
+      [&] { return IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = "before"}), "r"); },
+      2s));
+  for (const Timed& g : Hammer(*store, kThreads, 3, "thawed")) {
+    EXPECT_TRUE(IsAcquired(g.answer)) << g.key << ": " << Show(g.answer);
+  }
 }
 
 TEST(RedisFailClosedTest, KilledServerIsUnavailableAndARestartIsPickedUp) {
@@ -428,6 +494,45 @@ TEST(RedisClusterTest, FollowsMovedAndAskWhileASlotMoves) {
   EXPECT_TRUE(IsReplayOf(store->Begin(BeginRequest{.scope = "s", .key = third}), "three"));
   // The operator calls see every master.
   EXPECT_THAT(store->List(ListFilter{.scope = "s"}), ::testing::Optional(::testing::SizeIs(3u)));
+}
+
+// A frozen master costs the calls for its own slots that were in flight when it stopped, and
+// nothing else: its keys are then refused at once (the slot map read from a node that answers
+// still names it), and every other master's keys are answered as before.
+TEST(RedisClusterTest, AFrozenMasterHoldsOnlyItsCallsInFlightAndNoOtherShard) {
+  // A node timeout far longer than the test: the frozen master is never marked failed, so the
+  // others keep serving their slots.
+  auto cluster = redis::testing::StartCluster(3, 0, 20000ms);
+  ASSERT_TRUE(cluster.has_value()) << cluster.error().ToString();
+  RedisStoreOptions o;
+  o.cluster = true;
+  o.nodes = cluster->Addresses();
+  o.connect_timeout = 300ms;
+  o.command_timeout = 300ms;
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+  const std::string frozen = cluster->nodes[0]->address();  // slots 0-5460
+  ASSERT_TRUE(cluster->nodes[0]->Freeze().ok());
+
+  constexpr int kThreads = 8, kCalls = 30;
+  int waited = 0, frozen_keys = 0;
+  for (const Timed& g : Hammer(*store, kThreads, kCalls, "k")) {
+    if (redis::KeySlot(redis::RecordKey("i:", "s", g.key)) <= 5460) {
+      ++frozen_keys;
+      EXPECT_EQ(g.answer.status().code(), StatusCode::kUnavailable)
+          << g.key << ": " << Show(g.answer);
+      EXPECT_THAT(g.answer.status().message(), HasSubstr(frozen));
+      if (g.took >= 250ms) ++waited;
+    } else {
+      EXPECT_TRUE(IsAcquired(g.answer)) << g.key << ": " << Show(g.answer);
+      EXPECT_LT(g.took, 250ms) << g.key << " waited for the frozen master";
+    }
+  }
+  ASSERT_GT(frozen_keys, kThreads * kCalls / 5);
+  EXPECT_LE(waited, kThreads) << "of " << frozen_keys << " calls on the frozen master";
+
+  ASSERT_TRUE(cluster->nodes[0]->Thaw().ok());
+  EXPECT_TRUE(Eventually([&] { return Finish(*store, KeyInSlot("s", 7), "r"); }, 5s));
 }
 
 // ---- failover ----------------------------------------------------------------------------------

@@ -59,7 +59,8 @@ bool Eventually(const std::function<bool()>& condition, milliseconds timeout) {
 Result<Reply> Cmd(int port, const std::vector<std::string>& args) {
   ConnectionOptions o;
   o.command_timeout = milliseconds(5000);
-  Connection c(Endpoint{"127.0.0.1", port}, o);
+  Liveness liveness;
+  Connection c(Endpoint{"127.0.0.1", port}, o, liveness);
   Command command;
   for (const std::string& a : args) command.Arg(a);
   const std::string out = command.Take();

@@ -54,6 +54,7 @@ struct Router::Attempt {
   int slot = 0;
   Node* ask = nullptr;  // ASKING at this node on the next try
   bool reload = false;  // SCRIPT LOAD before the next try
+  bool refused = false;  // this round: not sent, its node is not answering
   int tries = 0;
   std::optional<Result<Reply>> result;
   std::string problem;  // why the last try did not finish
@@ -70,9 +71,52 @@ Router::Router(const RouterOptions& options) : options_(options) {
     slots_ = std::make_unique<std::array<std::atomic<Node*>, kSlots>>();
     for (auto& s : *slots_) s.store(nullptr, std::memory_order_relaxed);
   }
+  prober_ = std::thread([this] { ProbeLoop(); });
 }
 
-Router::~Router() = default;
+Router::~Router() {
+  {
+    std::lock_guard<std::mutex> lock(probe_mu_);
+    stop_ = true;
+  }
+  probe_cv_.notify_one();
+  prober_.join();
+}
+
+void Router::WakeProber() {
+  {
+    std::lock_guard<std::mutex> lock(probe_mu_);
+    probe_due_ = true;
+  }
+  probe_cv_.notify_one();
+}
+
+void Router::ProbeLoop() {
+  std::unique_lock<std::mutex> lock(probe_mu_);
+  while (true) {
+    probe_cv_.wait(lock, [this] { return stop_ || probe_due_; });
+    if (stop_) return;
+    probe_due_ = false;
+    // PING every suspect node until none is left; a PING to a frozen node waits out the
+    // command timeout, and one to a node that answers again ends its suspicion at once.
+    while (true) {
+      lock.unlock();
+      std::vector<Node*> suspects;
+      {
+        std::lock_guard<std::mutex> nodes_lock(nodes_mu_);
+        for (auto& [name, n] : nodes_) {
+          if (!n->live()) suspects.push_back(n.get());
+        }
+      }
+      for (Node* n : suspects) n->Probe();
+      lock.lock();
+      if (suspects.empty() || stop_) break;
+      // Not in a tight loop, whatever a PING's failure cost.
+      probe_cv_.wait_for(lock, milliseconds(10), [this] { return stop_; });
+      if (stop_) return;
+    }
+  }
+}
 
 Result<std::unique_ptr<Router>> Router::Open(const RouterOptions& options) {
   if (options.seeds.empty()) return InvalidArgumentError("no Redis node given");
@@ -106,7 +150,8 @@ Node* Router::GetNode(const Endpoint& e) {
   std::lock_guard<std::mutex> lock(nodes_mu_);
   auto& node = nodes_[name];
   if (node == nullptr) {
-    node = std::make_unique<Node>(e, options_.connection, options_.connections_per_node);
+    node = std::make_unique<Node>(e, options_.connection, options_.connections_per_node,
+                                  [this] { WakeProber(); });
   }
   return node.get();
 }
@@ -117,6 +162,7 @@ Node* Router::NodeForSlot(int slot) {
 }
 
 Result<Reply> Router::RunOn(Node& node, std::string_view command) {
+  if (!node.live()) return node.Refused();
   Call call;
   call.out = command;
   RunCall(node.Pick(), call);
@@ -226,7 +272,8 @@ std::vector<Result<Reply>> Router::RunMany(std::span<const Request> requests) {
 }
 
 void Router::Round(std::span<Attempt> attempts) {
-  // Send: one connection per node for this round, so each node gets one pipeline.
+  // Send: one connection per node for this round, so each node gets one pipeline; none to a
+  // node that is not answering (see Liveness), whose attempts are refused unsent.
   // Nodes are few: a list beats a hash map here.
   std::vector<std::pair<Node*, Connection*>> picked;
   std::vector<Attempt*> sent;
@@ -234,6 +281,7 @@ void Router::Round(std::span<Attempt> attempts) {
   for (Attempt& a : attempts) {
     if (a.result.has_value()) continue;
     a.node = a.ask != nullptr ? a.ask : NodeForSlot(a.slot);
+    a.refused = false;
     if (a.node == nullptr) {
       a.problem = "no master serves slot " + std::to_string(a.slot);
       ++a.tries;
@@ -242,8 +290,12 @@ void Router::Round(std::span<Attempt> attempts) {
     }
     auto it = std::find_if(picked.begin(), picked.end(),
                            [&a](const auto& p) { return p.first == a.node; });
-    if (it == picked.end()) it = picked.insert(it, {a.node, &a.node->Pick()});
+    if (it == picked.end()) {
+      it = picked.insert(it, {a.node, a.node->live() ? &a.node->Pick() : nullptr});
+    }
     a.connection = it->second;
+    a.refused = a.connection == nullptr;
+    if (a.refused) continue;
     a.out.clear();
     int replies = 1;
     if (a.reload) {
@@ -283,11 +335,20 @@ void Router::Round(std::span<Attempt> attempts) {
   // Sort out the replies.
   bool refresh = false;
   bool pause = false;
+  bool refused = false;
   for (Attempt& a : attempts) {
     if (a.result.has_value()) continue;
     if (a.node == nullptr) {
       refresh = true;
       pause = true;
+    } else if (a.refused) {
+      // Unless a refreshed map moves the slot (a replica took over), it fails now: trying the
+      // same node again would hold the caller until the prober hears from it.
+      ++a.tries;
+      a.problem = a.node->Refused().message();
+      refresh = true;
+      refused = true;
+      continue;
     } else {
       ++a.tries;
       const bool asked = a.ask != nullptr;
@@ -364,6 +425,13 @@ void Router::Round(std::span<Attempt> attempts) {
   if (refresh) {
     // A failed refresh leaves the old map; the next try finds out what it is worth.
     (void)Refresh(false);
+  }
+  if (!refused) return;
+  for (Attempt& a : attempts) {
+    if (a.result.has_value() || !a.refused) continue;
+    if (a.ask != nullptr || NodeForSlot(a.slot) == a.node || a.tries >= kMaxTries) {
+      a.result = a.node->Refused();
+    }
   }
 }
 

@@ -4,7 +4,10 @@
 // known, then the seeds). A MOVED reply points the slot at the named node, refreshes the map
 // and retries; an ASK reply sends ASKING and the command to the named node once; TRYAGAIN,
 // CLUSTERDOWN, LOADING and MASTERDOWN retry after a short pause; a node that cannot be
-// connected to refreshes the map (its replica may have taken over) and retries. NOSCRIPT loads
+// connected to refreshes the map (its replica may have taken over) and retries. Nothing is sent
+// to a node that is not answering (a round timed out; see Liveness): its commands fail at once
+// unless a refreshed map moves their slot, and a thread of the router PINGs it until it
+// answers. NOSCRIPT loads
 // the script and retries. Retries are bounded; a command whose reply was lost after it may
 // have reached the server is never retried (kUnavailable), since it may have run.
 //
@@ -15,12 +18,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "idem/status.h"
@@ -82,6 +87,11 @@ class Router {
   // or set up for another try.
   void Round(std::span<Attempt> attempts);
 
+  // Wakes the prober: a node stopped answering.
+  void WakeProber();
+  // The prober thread: PINGs the nodes that are not answering until they answer again.
+  void ProbeLoop();
+
   const RouterOptions options_;
   std::mutex nodes_mu_;
   std::map<std::string, std::unique_ptr<Node>> nodes_;  // by "host:port"; never removed
@@ -89,6 +99,12 @@ class Router {
   std::unique_ptr<std::array<std::atomic<Node*>, kSlots>> slots_;
   std::mutex refresh_mu_;
   std::chrono::steady_clock::time_point last_refresh_{};
+
+  std::mutex probe_mu_;
+  std::condition_variable probe_cv_;
+  bool probe_due_ = false;
+  bool stop_ = false;
+  std::thread prober_;
 };
 
 }  // namespace idem::redis
