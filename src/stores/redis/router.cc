@@ -52,8 +52,8 @@ void Reset(Call& c) {
 struct Router::Attempt {
   const Request* request = nullptr;
   int slot = 0;
-  Node* ask = nullptr;  // ASKING at this node on the next try
-  bool reload = false;  // SCRIPT LOAD before the next try
+  Node* ask = nullptr;   // ASKING at this node on the next try
+  bool reload = false;   // SCRIPT LOAD before the next try
   bool refused = false;  // this round: not sent, its node is not answering
   int tries = 0;
   std::optional<Result<Reply>> result;
