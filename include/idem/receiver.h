@@ -160,7 +160,7 @@ struct Delivered {
 };
 
 // Counts one answer of Store::Begin in `metrics` (SPEC §7): its idem_begin_total answer (and a
-// lease takeover when attempt > 1), or a store error (not kInvalidArgument: input the store
+// lease takeover when Acquired::takeover), or a store error (not kInvalidArgument: input the store
 // refused is the caller's error). Every caller of Begin that reports metrics (the receiver, the
 // transactional receiver, idemd) counts through this, once per delivery: a caller that polls a
 // busy key counts only the answer the delivery ended with.

@@ -48,12 +48,17 @@ struct BeginRequest {
 };
 
 // The caller owns the key until it completes, releases or loses the lease.
-// attempt > 1 means a takeover of an earlier worker whose lease ran out. The count stops at
-// 65535 on the memory and log stores, at 2^32 - 1 on Redis and PostgreSQL.
+// `attempt` counts the runs of this key (of this version, for a versioned entity): > 1 means a
+// takeover of an earlier worker's run whose lease ran out. The count stops at 65535 on the
+// memory and log stores, at 2^32 - 1 on Redis and PostgreSQL.
+// `takeover`: an earlier worker held the key (the entity) and its lease ran out. That is every
+// attempt > 1, and also a versioned begin of a newer version than the one whose lease ran out,
+// which starts again at attempt 1.
 struct Acquired {
   Token token = 0;
   std::uint32_t attempt = 1;
   Timestamp lease_deadline{};
+  bool takeover = false;
 };
 // Another worker holds the key; its lease runs until `lease_deadline`.
 struct Busy {

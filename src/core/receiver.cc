@@ -402,7 +402,7 @@ void CountBegin(Metrics& m, const Result<BeginAnswer>& answer) {
         using T = std::decay_t<decltype(a)>;
         if constexpr (std::is_same_v<T, Acquired>) {
           m.begin_acquired->Inc();
-          if (a.attempt > 1) m.takeovers->Inc();
+          if (a.takeover) m.takeovers->Inc();
         } else if constexpr (std::is_same_v<T, Busy>) {
           m.begin_busy->Inc();
         } else if constexpr (std::is_same_v<T, Replay>) {

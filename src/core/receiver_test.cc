@@ -905,6 +905,26 @@ TEST_F(ReceiverTest, CountsTakeoversRememberedFailuresAndLostLeases) {
   EXPECT_EQ(metrics_.begin_acquired->Value(), 5u);
 }
 
+// A worker that died holding an entity's version 1 is taken over by whatever version comes
+// next: version 2 runs at attempt 1 (its own first run), and the takeover is counted all the
+// same. A version begun after the previous one was applied is no takeover.
+TEST_F(ReceiverTest, CountsAVersionedTakeoverOfAnotherVersion) {
+  ReceiverOptions o = Counted();
+  Receiver r(*store_, o);
+  ASSERT_TRUE(store_->BeginVersioned({"payments", "acct", 1, milliseconds(1000)}));
+  clock_.Advance(milliseconds(1000));
+  auto two = r.Receive({.entity = "acct", .version = 2}, Counting());
+  ASSERT_TRUE(two) << two.error().ToString();
+  EXPECT_EQ(two->delivery, Delivery::kExecuted);
+  EXPECT_EQ(two->attempt, 1u);
+  EXPECT_EQ(metrics_.takeovers->Value(), 1u);
+  auto three = r.Receive({.entity = "acct", .version = 3}, Counting());
+  ASSERT_TRUE(three);
+  EXPECT_EQ(three->delivery, Delivery::kExecuted);
+  EXPECT_EQ(metrics_.takeovers->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 2u);
+}
+
 // A key the receiver accepts but the store refuses (the store's own max_key_bytes is lower) is
 // the caller's error: kInvalidArgument, not counted as a store error.
 TEST_F(ReceiverTest, AKeyTheStoreRefusesIsNotAStoreError) {

@@ -186,10 +186,12 @@ TEST_P(StoreContractTest, BusyWhenOnlyRequestHasFingerprint) {
 TEST_P(StoreContractTest, TakeoverWhenLeaseIsOver) {
   const Timestamp t0 = clock_.Now();
   const Acquired first = Acquire("k", kFpA);
+  EXPECT_FALSE(first.takeover);
   clock_.Advance(kLease);  // the deadline itself is over
   const Timestamp t1 = clock_.Now();
   const Acquired a = ExpectAcquired(store_->Begin(BeginOf("k", kFpA, 2min)));
   EXPECT_EQ(a.attempt, 2u);
+  EXPECT_TRUE(a.takeover);
   EXPECT_GT(a.token, first.token);
   EXPECT_THAT(a.lease_deadline, At(t1 + 2min));
   ExpectStored("k", Held("k", a, t0, kFpA));  // created is the first acquisition's
@@ -214,6 +216,7 @@ TEST_P(StoreContractTest, EveryTakeoverCountsAnAttempt) {
     clock_.Advance(kLease);
     const Acquired next = ExpectAcquired(store_->Begin(BeginOf("k", kFpA)));
     EXPECT_EQ(next.attempt, attempt);
+    EXPECT_TRUE(next.takeover);
     EXPECT_GT(next.token, a.token);
     a = next;
   }
@@ -1366,6 +1369,8 @@ TEST_P(StoreContractTest, SequencedRecordAnswersAsBegin) {
   clock_.Advance(kLease);  // takeover
   const Acquired b = ExpectAcquired(store_->BeginSequenced(one));
   EXPECT_EQ(b.attempt, 2u);
+  EXPECT_TRUE(b.takeover);
+  EXPECT_FALSE(a.takeover);
   EXPECT_GT(b.token, a.token);
   EXPECT_THAT(store_->CompleteSequenced(SeqDoneOf("c", 1, a.token, "old")), IsLeaseLost());
   EXPECT_THAT(store_->CompleteSequenced(SeqDoneOf("c", 1, b.token, "declined", Outcome::kFailure)),
@@ -1626,24 +1631,29 @@ TEST_P(StoreContractTest, OneVersionInProgressAtATime) {
       HoldsValue(Optional(VersionIs(EntityVersion{Scope(), "e", 0, 1, v1.token, 1, t0 + kLease,
                                                   t0 + kLease + AbandonedRetention()}))));
   ASSERT_THAT(store_->CompleteVersioned(VersionDoneOf("e", v1.token)), IsApplied());
-  EXPECT_EQ(ExpectAcquired(store_->BeginVersioned(VersionOf("e", 2))).attempt, 1u);
+  const Acquired v2 = ExpectAcquired(store_->BeginVersioned(VersionOf("e", 2)));
+  EXPECT_EQ(v2.attempt, 1u);
+  EXPECT_FALSE(v2.takeover);
 }
 
 TEST_P(StoreContractTest, VersionTakeoverAfterLease) {
   const Acquired first = ExpectAcquired(store_->BeginVersioned(VersionOf("e", 5)));
+  EXPECT_FALSE(first.takeover);
   clock_.Advance(kLease);
   const Timestamp t1 = clock_.Now();
   const Acquired again = ExpectAcquired(store_->BeginVersioned(VersionOf("e", 5)));
   EXPECT_EQ(again.attempt, 2u);
+  EXPECT_TRUE(again.takeover);
   EXPECT_GT(again.token, first.token);
   EXPECT_THAT(again.lease_deadline, At(t1 + kLease));
   EXPECT_THAT(store_->CompleteVersioned(VersionDoneOf("e", first.token)), IsLeaseLost());
   EXPECT_THAT(store_->ReleaseVersioned(Scope(), "e", first.token), IsLeaseLost());
 
-  // A different version taking over starts at attempt 1.
+  // A different version taking over starts at attempt 1, and is a takeover all the same.
   clock_.Advance(kLease);
   const Acquired other = ExpectAcquired(store_->BeginVersioned(VersionOf("e", 6)));
   EXPECT_EQ(other.attempt, 1u);
+  EXPECT_TRUE(other.takeover);
   EXPECT_GT(other.token, again.token);
   EXPECT_THAT(store_->CompleteVersioned(VersionDoneOf("e", again.token)), IsLeaseLost());
   const Timestamp tc = clock_.Now();
@@ -1680,6 +1690,7 @@ TEST_P(StoreContractTest, ReleaseVersionedLetsNextBeginAcquire) {
                                    ::testing::Field(&EntityVersion::in_progress, IsNone())))));
   const Acquired again = ExpectAcquired(store_->BeginVersioned(VersionOf("e", 2)));
   EXPECT_EQ(again.attempt, 1u);
+  EXPECT_FALSE(again.takeover);  // released, not abandoned
   EXPECT_GT(again.token, v2.token);
   EXPECT_THAT(store_->CompleteVersioned(VersionDoneOf("e", v2.token)), IsLeaseLost());
 }

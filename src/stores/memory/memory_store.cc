@@ -215,7 +215,7 @@ Result<BeginAnswer> ToAnswer(const core::BeginDecision& d, std::string_view resp
   switch (d.kind) {
     case core::BeginKind::kAcquired:
       return Result<BeginAnswer>(std::in_place, std::in_place_type<Acquired>, d.next.token,
-                                 d.next.attempt, d.next.lease_deadline);
+                                 d.next.attempt, d.next.lease_deadline, d.takeover);
     case core::BeginKind::kBusy:
       return Result<BeginAnswer>(std::in_place, std::in_place_type<Busy>, d.next.lease_deadline);
     case core::BeginKind::kReplay:
@@ -1356,7 +1356,8 @@ Result<BeginAnswer> MemoryStore::BeginVersioned(const VersionedBeginRequest& req
         }
         it->second.head = d.next;
         ticket = LogEntity(sh, it->second);
-        return BeginAnswer(Acquired{d.next.token, d.next.attempt, d.next.lease_deadline});
+        return BeginAnswer(
+            Acquired{d.next.token, d.next.attempt, d.next.lease_deadline, d.takeover});
       case core::VersionKind::kBusy:
         return BeginAnswer(Busy{d.next.lease_deadline});
       case core::VersionKind::kStale:

@@ -72,9 +72,11 @@ Result<WriteAnswer> AffectedAnswer(const Op& op) {
 // from column `c` of `row` on.
 Result<BeginAnswer> BeginAnswerOf(const PGresult* r, int row = 0, int c = 0) {
   switch (GetInt2(r, row, c)) {
-    case kKindAcquired:
-      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, row, c + 1)),
-                                  AttemptOf(GetInt8(r, row, c + 2)), At(GetInt8(r, row, c + 3))});
+    case kKindAcquired: {
+      const std::uint32_t attempt = AttemptOf(GetInt8(r, row, c + 2));
+      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, row, c + 1)), attempt,
+                                  At(GetInt8(r, row, c + 3)), attempt > 1});
+    }
     case kKindBusy:
       return BeginAnswer(Busy{At(GetInt8(r, row, c + 3))});
     case kKindReplay:
@@ -926,10 +928,12 @@ Result<BeginAnswer> PostgresStore::BeginVersioned(const VersionedBeginRequest& r
   Run({&op, 1});
   auto row = OneRow(op);
   if (!row) return row.error();
-  switch (GetInt2(*row, 0, 0)) {
+  switch (const std::int16_t kind = GetInt2(*row, 0, 0); kind) {
     case kKindAcquired:
+    case kKindTakeover:
       return BeginAnswer(Acquired{static_cast<Token>(GetInt8(*row, 0, 1)),
-                                  AttemptOf(GetInt8(*row, 0, 2)), At(GetInt8(*row, 0, 3))});
+                                  AttemptOf(GetInt8(*row, 0, 2)), At(GetInt8(*row, 0, 3)),
+                                  kind == kKindTakeover});
     case kKindBusy:
       return BeginAnswer(Busy{At(GetInt8(*row, 0, 3))});
     case kKindStale:

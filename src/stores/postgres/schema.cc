@@ -397,7 +397,8 @@ BEGIN
       expires = greatest(v_expires, o_lease_deadline + p_abandoned)
     WHERE x.scope = p_scope AND x.entity = p_entity
     RETURNING x.token INTO o_token;
-  o_kind := 0;
+  -- A live run still in progress here is one whose lease ran out: taken over (7), else 0.
+  o_kind := CASE WHEN v_in_progress <> 0 THEN 7 ELSE 0 END;
 END $$;
 )sql";
 

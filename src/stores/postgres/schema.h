@@ -23,6 +23,9 @@ enum BeginKind : std::int16_t {
   kKindStale = 4,
   kKindUnknownSession = 5,
   kKindWindowFull = 6,
+  // begin_version only: acquired, taking over a run (of this or another version) whose lease ran
+  // out. (A record's takeover is kKindAcquired with attempt > 1.)
+  kKindTakeover = 7,
 };
 // Answers of complete_seq / release_seq.
 enum WriteKind : std::int16_t { kWriteApplied = 0, kWriteLeaseLost = 1, kWriteUnknownSession = 5 };

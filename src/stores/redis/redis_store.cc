@@ -141,11 +141,15 @@ Result<std::optional<BeginAnswer>> ParseBegin(std::string_view op, const redisRe
     return true;
   };
   switch (code) {
-    case 0:
-      if (!ints(4) || IntAt(r, 1) <= 0 || IntAt(r, 2) <= 0) break;
-      return std::optional<BeginAnswer>(Acquired{static_cast<Token>(IntAt(r, 1)),
-                                                 static_cast<std::uint32_t>(IntAt(r, 2)),
-                                                 At(IntAt(r, 3))});
+    case 0: {
+      // {0, token, attempt, lease deadline}, and from begin_versioned a fifth: 1 if it took
+      // over another version's run (a record's takeover is its attempt > 1).
+      if (!(ints(4) || ints(5)) || IntAt(r, 1) <= 0 || IntAt(r, 2) <= 0) break;
+      const auto attempt = static_cast<std::uint32_t>(IntAt(r, 2));
+      return std::optional<BeginAnswer>(Acquired{static_cast<Token>(IntAt(r, 1)), attempt,
+                                                 At(IntAt(r, 3)),
+                                                 r.elements == 5 ? IntAt(r, 4) == 1 : attempt > 1});
+    }
     case 1:
       if (!ints(2)) break;
       return std::optional<BeginAnswer>(Busy{At(IntAt(r, 1))});

@@ -532,7 +532,7 @@ e.lease = now + tonumber(ARGV[3])
 local hold = e.lease + tonumber(ARGV[4])
 if e.expires < hold then e.expires = hold end
 eput(e)
-return {0, e.token, e.attempt, e.lease}
+return {0, e.token, e.attempt, e.lease, takeover and 1 or 0}
 )lua"},
     {ScriptId::kCompleteVersioned, "complete_versioned", "", kNeedsEntity, R"lua(
 -- ARGV: now, token, retention
