@@ -1311,6 +1311,24 @@ TEST_P(ConsumerMetricsTest, ABusyWaitCountsTheAnswerItEndedWithOnce) {
   EXPECT_EQ(metrics_.handler_seconds->Count(), 1u);
 }
 
+// A worker that died holding an entity's version 1: version 2 takes its run over at attempt 1
+// (its own first run), which is counted as a takeover all the same.
+TEST_P(ConsumerMetricsTest, AVersionTakingOverAnotherVersionsRunCountsATakeover) {
+  ASSERT_TRUE(store_->BeginVersioned({"payments", "a", 1, milliseconds(1'000)}).has_value());
+  clock_.Advance(milliseconds(1'000));
+  broker_.Publish("p0", "{}", {{"Entity-Id", "a"}, {"Entity-Version", "2"}});
+  auto options = Options();
+  options.versions = VersionSources{};
+  Consumer consumer(*store_, broker_, Recording(), options);
+  Drain(consumer);
+  ASSERT_EQ(runs_.size(), 1u);
+  EXPECT_EQ(runs_[0].key, "a#2");
+  EXPECT_EQ(runs_[0].attempt, 1u);
+  EXPECT_EQ(metrics_.takeovers->Value(), 1u);
+  EXPECT_EQ(metrics_.begin_acquired->Value(), 1u);
+  EXPECT_EQ(metrics_.complete_success->Value(), 1u);
+}
+
 // Past busy_timeout the message goes back: one busy for the delivery, however often it polled.
 // The one behind it in its partition was acquired and is released, not run.
 TEST_P(ConsumerMetricsTest, ABusyKeyGivenUpOnCountsOneBusy) {
