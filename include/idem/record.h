@@ -52,8 +52,8 @@ struct BeginRequest {
 // takeover of an earlier worker's run whose lease ran out. The count stops at 65535 on the
 // memory and log stores, at 2^32 - 1 on Redis and PostgreSQL.
 // `takeover`: an earlier worker held the key (the entity) and its lease ran out. That is every
-// attempt > 1, and also a versioned begin of a newer version than the one whose lease ran out,
-// which starts again at attempt 1.
+// attempt > 1, and also a versioned begin of another version than the one whose lease ran out,
+// which starts at attempt 1.
 struct Acquired {
   Token token = 0;
   std::uint32_t attempt = 1;
