@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -68,15 +69,20 @@ Result<WriteAnswer> AffectedAnswer(const Op& op) {
   return AffectedRows(op.result.get()) == 1 ? WriteAnswer::kApplied : WriteAnswer::kLeaseLost;
 }
 
+// An acquired row's token, attempt and lease deadline, columns c + 1 to c + 3. A record's
+// takeover is its attempt > 1; begin_version says so with a kind of its own.
+Acquired AcquiredOf(const PGresult* r, int row, int c, std::optional<bool> takeover = {}) {
+  const std::uint32_t attempt = AttemptOf(GetInt8(r, row, c + 2));
+  return Acquired{static_cast<Token>(GetInt8(r, row, c + 1)), attempt, At(GetInt8(r, row, c + 3)),
+                  takeover.value_or(attempt > 1)};
+}
+
 // Rows of begin_record / begin_seq: kind, token, attempt, lease_deadline, outcome, response,
 // from column `c` of `row` on.
 Result<BeginAnswer> BeginAnswerOf(const PGresult* r, int row = 0, int c = 0) {
   switch (GetInt2(r, row, c)) {
-    case kKindAcquired: {
-      const std::uint32_t attempt = AttemptOf(GetInt8(r, row, c + 2));
-      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(r, row, c + 1)), attempt,
-                                  At(GetInt8(r, row, c + 3)), attempt > 1});
-    }
+    case kKindAcquired:
+      return BeginAnswer(AcquiredOf(r, row, c));
     case kKindBusy:
       return BeginAnswer(Busy{At(GetInt8(r, row, c + 3))});
     case kKindReplay:
@@ -931,9 +937,7 @@ Result<BeginAnswer> PostgresStore::BeginVersioned(const VersionedBeginRequest& r
   switch (const std::int16_t kind = GetInt2(*row, 0, 0); kind) {
     case kKindAcquired:
     case kKindTakeover:
-      return BeginAnswer(Acquired{static_cast<Token>(GetInt8(*row, 0, 1)),
-                                  AttemptOf(GetInt8(*row, 0, 2)), At(GetInt8(*row, 0, 3)),
-                                  kind == kKindTakeover});
+      return BeginAnswer(AcquiredOf(*row, 0, 0, kind == kKindTakeover));
     case kKindBusy:
       return BeginAnswer(Busy{At(GetInt8(*row, 0, 3))});
     case kKindStale:
