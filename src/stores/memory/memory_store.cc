@@ -37,6 +37,7 @@ namespace {
 using memory_internal::BlobArena;
 using memory_internal::DecodeKey;
 using memory_internal::EncodeKey;
+using memory_internal::IndexHint;
 using memory_internal::KeyCode;
 using memory_internal::kMaxScopeId;
 using memory_internal::kMaxTokenSeq;
@@ -227,18 +228,20 @@ Result<BeginAnswer> ToAnswer(const core::BeginDecision& d, std::string_view resp
   return Result<BeginAnswer>(std::in_place, std::in_place_type<Conflict>);
 }
 
-// One independently locked part of the store. Every member but `slots`/`number`/`bits` is
-// guarded by `mu`. What every call writes shares the first cache line with the lock, so a
-// call moves one line between cores; the second line is read-mostly.
+// One independently locked part of the store. Every member but `hint`/`slots`/`number`/`bits`
+// is guarded by `mu`. The first line is the index's hint, read before the lock and written
+// only when the index grows. What every call writes shares the second line with the lock, so
+// a call moves one line between cores; the third line is read-mostly.
 struct alignas(64) Shard {
+  IndexHint hint;  // a line of its own (slot_index.h)
   SpinLock mu;
   std::uint32_t in_progress = 0;
   std::uint32_t completed = 0;
   // Invariant: tokens handed out by this shard are (seq << bits) | number for seq up to
   // token_seq, so a key (always in the same shard) only ever sees growing tokens.
   std::uint64_t token_seq = 0;
-  SlotIndex index;
-  SlotPool pool;             // its first 12 bytes end the first line
+  SlotIndex index{hint};     // 32 bytes
+  SlotPool pool;             // its first 8 bytes end the lock's line
   Slot* slots = nullptr;     // the store's arena: slot id -> record
   std::uint32_t number = 0;  // this shard's index: the low bits of its tokens
   int bits = 0;              // log2 of the shard count
@@ -565,8 +568,8 @@ class MemoryStore final : public memory_internal::Engine {
   // is nearly full.
   void PrepareIndex(Shard& sh) {
     if (!preparer_.joinable()) {
-      sh.index.PrepareGrowth();
-    } else if (sh.index.WantsSpare()) {
+      sh.hint.PrepareGrowth();
+    } else if (sh.hint.WantsSpare()) {
       AskPreparer();
     }
   }
@@ -704,7 +707,7 @@ Result<BeginAnswer> MemoryStore::Begin(const BeginRequest& req) {
   const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
   // The index line's miss overlaps the clock read and the lock.
-  sh.index.Prefetch(id.tag());
+  sh.hint.Prefetch(id.tag());
   PrepareIndex(sh);
   PrepareArenas();
   const Timestamp now = clock_->Now();
@@ -770,7 +773,7 @@ Result<WriteAnswer> MemoryStore::Complete(const CompleteRequest& req) {
   IDEM_RETURN_IF_ERROR(Healthy());
   const RecordId id = MakeRecordId(req.scope, req.key, fixed_shards_);
   Shard& sh = ShardFor(id.shard_hash);
-  sh.index.Prefetch(id.tag());
+  sh.hint.Prefetch(id.tag());
   PrepareArena(blob_arena_);  // a completion stores a response, never a new record
   const Timestamp now = clock_->Now();
   return UnderLock<WriteAnswer>(sh, [&](std::uint64_t& ticket) -> Result<WriteAnswer> {
@@ -909,7 +912,7 @@ std::vector<Result<Answer>> MemoryStore::RunBatch(std::span<const Req> reqs, Che
     }
     ids[i] = MakeRecordId(reqs[i].scope, reqs[i].key, fixed_shards_);
     shard_of[i] = static_cast<std::uint32_t>(ShardIndex(ids[i].shard_hash));
-    shards_[shard_of[i]].index.Prefetch(ids[i].tag());
+    shards_[shard_of[i]].hint.Prefetch(ids[i].tag());
     PrepareIndex(shards_[shard_of[i]]);
   }
   PrepareArenas();
@@ -1095,7 +1098,7 @@ void MemoryStore::PreparerLoop() {
     prepare_asked_.exchange(false);
     arena_.PrefaultNext(kPreparerPagesAhead);
     blob_arena_.PrefaultNext(kPreparerPagesAhead);
-    for (std::size_t i = 0; i < shard_count_; ++i) shards_[i].index.PrepareGrowth();
+    for (std::size_t i = 0; i < shard_count_; ++i) shards_[i].hint.PrepareGrowth();
     lock.lock();
   }
 }

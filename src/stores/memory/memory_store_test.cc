@@ -276,17 +276,19 @@ TEST(BlobPoolTest, BlocksNeverOverlapAndFreedOnesAreReused) {
 // before it, and the spare counts in bytes(). Then with another thread asking for spares all
 // along, as callers do before they lock a shard: every entry stays findable (and TSan watches).
 TEST(SlotIndexTest, SpareTableMadeOutsideTheLockIsTheOneGrowthTakes) {
+  using memory_internal::IndexHint;
   using memory_internal::kNoSlot;
   using memory_internal::SlotIndex;
   const auto tag_of = [](std::uint32_t i) { return i * 2654435761u; };
   constexpr std::uint32_t kEntries = 200'000;
 
-  SlotIndex alone;
+  IndexHint alone_hint;
+  SlotIndex alone(alone_hint);
   std::size_t spares_counted = 0;
   for (std::uint32_t i = 0; i < kEntries; ++i) {
     const std::size_t before = alone.bytes();
     alone.Insert(tag_of(i), i);
-    alone.PrepareGrowth();
+    alone_hint.PrepareGrowth();
     if (alone.bytes() == before * 3) ++spares_counted;  // a spare of twice the table's size
   }
   // Spares for the growths from 4096 ... 131072 entries, and one for the next growth (at 80%
@@ -295,11 +297,12 @@ TEST(SlotIndexTest, SpareTableMadeOutsideTheLockIsTheOneGrowthTakes) {
   EXPECT_EQ(alone.spares_taken(), 6u) << "a growth did not take the spare made for it";
   EXPECT_EQ(alone.bytes(), 3 * std::size_t{262'144} * sizeof(std::uint64_t));
 
-  SlotIndex index;
+  IndexHint hint;
+  SlotIndex index(hint);
   std::mutex mu;  // the shard lock
   std::atomic<bool> done{false};
   std::thread preparer([&] {
-    while (!done.load()) index.PrepareGrowth();
+    while (!done.load()) hint.PrepareGrowth();
   });
   for (std::uint32_t i = 0; i < kEntries; ++i) {
     std::lock_guard<std::mutex> lock(mu);

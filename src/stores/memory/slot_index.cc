@@ -100,14 +100,26 @@ void FreeTagged(std::uintptr_t tagged) {
 
 }  // namespace
 
-SlotIndex::SlotIndex() : entries_(NewTable(kInitialCapacity)), mask_(kInitialCapacity - 1) {
+IndexHint::~IndexHint() { FreeTagged(spare_.load(std::memory_order_relaxed)); }
+
+void IndexHint::MakeSpare() {
+  // The capacity read here may be outdated by a growth since: Grow then finds a spare of the
+  // wrong size and frees it.
+  const std::size_t capacity = CapacityOf(table_.load(std::memory_order_relaxed)) * 2;
+  const std::uintptr_t current = spare_.load(std::memory_order_relaxed);
+  if (current != 0 && CapacityOf(current) == capacity) return;
+  FreeTagged(spare_.exchange(Tagged(NewTable(capacity), capacity), std::memory_order_acq_rel));
+}
+
+SlotIndex::SlotIndex(IndexHint& hint)
+    : entries_(NewTable(kInitialCapacity)), hint_(hint), mask_(kInitialCapacity - 1) {
   Publish();
 }
 
 void SlotIndex::Publish() {
   const std::size_t capacity = std::size_t{mask_} + 1;
   IDEM_CHECK((reinterpret_cast<std::uintptr_t>(entries_) & 63) == 0);
-  prefetch_.store(Tagged(entries_, capacity), std::memory_order_relaxed);
+  hint_.table_.store(Tagged(entries_, capacity), std::memory_order_relaxed);
   // A spare pays off only for a table that is a mapping of its own (AllocateZeroed).
   spare_at_ = capacity * 2 * sizeof(std::uint64_t) >= kMappedBytes
                   ? static_cast<std::uint32_t>(capacity * 7 / 10)
@@ -115,22 +127,13 @@ void SlotIndex::Publish() {
 }
 
 SlotIndex::~SlotIndex() {
+  // A spare goes with the hint, which outlives the index.
   FreeZeroed(entries_, (std::size_t{mask_} + 1) * sizeof(std::uint64_t));
-  FreeTagged(spare_.load(std::memory_order_relaxed));
 }
 
 std::size_t SlotIndex::bytes() const {
-  const std::uintptr_t spare = spare_.load(std::memory_order_relaxed);
+  const std::uintptr_t spare = hint_.spare_.load(std::memory_order_relaxed);
   return (std::size_t{mask_} + 1 + (spare != 0 ? CapacityOf(spare) : 0)) * sizeof(std::uint64_t);
-}
-
-void SlotIndex::MakeSpare() {
-  // The capacity read here may be outdated by a growth since: Grow then finds a spare of the
-  // wrong size and frees it.
-  const std::size_t capacity = CapacityOf(prefetch_.load(std::memory_order_relaxed)) * 2;
-  const std::uintptr_t current = spare_.load(std::memory_order_relaxed);
-  if (current != 0 && CapacityOf(current) == capacity) return;
-  FreeTagged(spare_.exchange(Tagged(NewTable(capacity), capacity), std::memory_order_acq_rel));
 }
 
 void SlotIndex::Place(std::uint64_t entry) {
@@ -144,7 +147,7 @@ void SlotIndex::Insert(std::uint32_t tag, std::uint32_t slot) {
   // Keep at most 80% of the entries in use so probe runs stay short.
   if ((std::uint64_t{size_} + 1) * 5 > (std::uint64_t{mask_} + 1) * 4) Grow();
   Place(MakeEntry(tag, slot));
-  if (++size_ == spare_at_) want_spare_.store(true, std::memory_order_relaxed);
+  if (++size_ == spare_at_) hint_.want_spare_.store(true, std::memory_order_relaxed);
 }
 
 void SlotIndex::Erase(std::uint32_t tag, std::uint32_t slot) {
@@ -173,7 +176,7 @@ void SlotIndex::Grow() {
   const std::size_t old_capacity = std::size_t{mask_} + 1;
   IDEM_CHECK(old_capacity <= (std::size_t{1} << 31));
   std::uint64_t* old = entries_;
-  const std::uintptr_t spare = spare_.exchange(0, std::memory_order_acq_rel);
+  const std::uintptr_t spare = hint_.spare_.exchange(0, std::memory_order_acq_rel);
   if (spare != 0 && CapacityOf(spare) == old_capacity * 2) {
     entries_ = TableOf(spare);
     ++spares_taken_;
@@ -186,7 +189,7 @@ void SlotIndex::Grow() {
     if (old[i] != 0) Place(old[i]);
   }
   FreeZeroed(old, old_capacity * sizeof(std::uint64_t));
-  want_spare_.store(false, std::memory_order_relaxed);
+  hint_.want_spare_.store(false, std::memory_order_relaxed);
   Publish();
 }
 

@@ -167,9 +167,10 @@ class SlotPool {
   }
   static constexpr std::uint32_t kNoFree = 0xFFFFFFFF;
 
-  std::uint32_t next_ = 0;     // next unused id of the current run
-  std::uint32_t run_end_ = 0;  // end of the current run
+  // What every Allocate may write first (the shard keeps these 8 bytes on its lock's line).
   std::uint32_t free_head_ = kNoFree;
+  std::uint32_t next_ = 0;           // next unused id of the current run
+  std::uint32_t run_end_ = 0;        // end of the current run
   std::vector<std::uint32_t> runs_;  // first ids, in the order taken
 };
 
