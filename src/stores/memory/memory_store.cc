@@ -561,7 +561,7 @@ class MemoryStore final : public memory_internal::Engine {
 
   // Before a shard lock, what a change would otherwise do under it, stalling every caller of
   // the shard: fault in the page a new record or blob will use (FaultAhead, address_range.h),
-  // make a growing index's next table (SlotIndex::PrepareGrowth). By default the caller does it
+  // make a growing index's next table (IndexHint::PrepareGrowth). By default the caller does it
   // here, where it stalls only this caller. With a preparer (prepare_on_own_thread) the caller
   // asks it, which keeps the arenas kPreparerPagesAhead huge pages ahead, and does the work
   // itself only as the fallback: an arena's next page still not resident when the page in use
