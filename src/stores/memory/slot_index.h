@@ -112,7 +112,7 @@ class SlotIndex {
   void Place(std::uint64_t entry);
   void Publish();
 
-  // 32 bytes, all written under the lock.
+  // All written under the lock (the shard keeps them on its lock's line).
   std::uint64_t* entries_;
   IndexHint& hint_;
   std::uint32_t mask_;
@@ -120,6 +120,7 @@ class SlotIndex {
   std::uint32_t spare_at_ = 0;  // size at which Insert asks for a spare table; 0: never
   std::uint32_t spares_taken_ = 0;
 };
+static_assert(sizeof(IndexHint) == 64);
 
 }  // namespace idem::memory_internal
 
