@@ -389,11 +389,17 @@ std::string Serialize(const http::message<kIsRequest, http::string_body>& m, boo
   return out;
 }
 
-std::string KeyHash(std::string_view scope, std::string_view key) {
-  const std::size_t h = std::hash<std::string_view>{}(key) ^
-                        (std::hash<std::string_view>{}(scope)*0x9e3779b97f4a7c15ULL);
+// The access log names a key by this hash, not by the key itself. Computed for every request
+// with a key; formatted (KeyHashText) only when the line is written.
+std::size_t KeyHash(std::string_view scope, std::string_view key) {
+  return std::hash<std::string_view>{}(key) ^
+         (std::hash<std::string_view>{}(scope)*0x9e3779b97f4a7c15ULL);
+}
+
+std::string KeyHashText(std::optional<std::size_t> hash) {
+  if (!hash) return "-";
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016zx", h);
+  std::snprintf(buf, sizeof buf, "%016zx", *hash);
   return buf;
 }
 
@@ -867,7 +873,7 @@ struct Server::Impl {
   struct Answer {
     Response res;
     Outcome outcome;
-    std::string key_hash{};
+    std::optional<std::size_t> key_hash{};  // KeyHash; none without a key
     unsigned upstream_status = 0;
     const Route* route = nullptr;
     std::optional<StoredResponse> replay{};  // a replay: sent as stored, `res` unused
@@ -1451,7 +1457,7 @@ struct Server::Impl {
       log.Write(Level::kInfo,
                 Cat("method=", method, " path=", Quoted{path},
                     " route=", Quoted{a.route ? std::string_view(a.route->prefix) : "-"},
-                    " key=", a.key_hash.empty() ? "-" : a.key_hash,
+                    " key=", KeyHashText(a.key_hash),
                     " outcome=", kOutcomeNames[static_cast<int>(a.outcome)], " status=", status,
                     " upstream_status=", a.upstream_status,
                     " ms=", std::chrono::duration<double, std::milli>(elapsed).count()));

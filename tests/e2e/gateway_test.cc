@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -27,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1545,6 +1547,39 @@ TEST_F(GatewayTest, LoggedValuesAreEscaped) {
     log = idemd_->Stderr();
   }
   EXPECT_THAT(log, HasSubstr(want));
+}
+
+// The access log names a key by a hash of it and its scope (16 hex digits), never by the key
+// itself: the same one for a retry, another for another key, "-" for a request without a key.
+TEST_F(GatewayTest, AccessLogNamesAKeyByItsHash) {
+  ASSERT_NO_FATAL_FAILURE(StartIdemd({"--log-level", "info"}));
+  ASSERT_EQ(Charge("secret-key-1").status, 201);
+  ASSERT_EQ(Charge("secret-key-1").status, 201);
+  ASSERT_EQ(Charge("secret-key-2").status, 201);
+  auto plain = HttpRequest(port_, "GET", "/no-key", {}, {}, 3s);
+  ASSERT_TRUE(plain.has_value()) << plain.status().ToString();
+  const std::regex line(R"re(path="([^"]*)" route=\S+ key=(\S+) outcome=(\w+))re");
+  std::vector<std::array<std::string, 3>> seen;  // path, key field, outcome
+  for (int i = 0; i < 100 && seen.size() < 4; ++i) {
+    std::this_thread::sleep_for(20ms);
+    const std::string log = idemd_->Stderr();
+    seen.clear();
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+         ++it) {
+      seen.push_back({(*it)[1].str(), (*it)[2].str(), (*it)[3].str()});
+    }
+  }
+  ASSERT_EQ(seen.size(), 4u) << idemd_->Stderr();
+  const std::regex hex16("[0-9a-f]{16}");
+  EXPECT_TRUE(std::regex_match(seen[0][1], hex16)) << seen[0][1];
+  EXPECT_EQ(seen[0][2], "forwarded");
+  EXPECT_EQ(seen[1][1], seen[0][1]);  // the retry
+  EXPECT_EQ(seen[1][2], "replayed");
+  EXPECT_TRUE(std::regex_match(seen[2][1], hex16)) << seen[2][1];
+  EXPECT_NE(seen[2][1], seen[0][1]);
+  EXPECT_EQ(seen[3][0], "/no-key");
+  EXPECT_EQ(seen[3][1], "-");
+  EXPECT_THAT(idemd_->Stderr(), Not(HasSubstr("secret-key")));
 }
 
 // ---- in process, over a store that fails on demand ----
