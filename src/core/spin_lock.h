@@ -34,7 +34,7 @@ class SpinLock {
   // yield takes when another thread did run (one that returns sooner ran no one); how long a
   // nap is (the kernel's timer slack, 50 us by default, comes on top).
   static constexpr std::chrono::microseconds kNapAfter{1000};
-  static constexpr std::chrono::microseconds kYieldRanAnother{10};
+  static constexpr std::chrono::microseconds kYieldRanAnother{50};
   static constexpr std::chrono::microseconds kNap{50};
 
  private:
