@@ -55,18 +55,18 @@ class SpinLock {
       for (int i = 0; i < spins; ++i) Pause();
       if (try_lock()) return;
       if (spins < kMaxSpins) continue;
-      const Clock::time_point before = Clock::now();
-      if (idle_since != kNever && before - idle_since >= kNapAfter) {
+      Clock::time_point now = Clock::now();
+      if (idle_since != kNever && now - idle_since >= kNapAfter) {
         std::this_thread::sleep_for(kNap);
         if (try_lock()) return;
+        now = Clock::now();
       }
       // A yield, also after a nap: it tells whether others want the core again.
-      const Clock::time_point yielded = Clock::now();
       std::this_thread::yield();
-      if (Clock::now() - yielded >= kYieldRanAnother) {
+      if (Clock::now() - now >= kYieldRanAnother) {
         idle_since = kNever;
       } else if (idle_since == kNever) {
-        idle_since = before;
+        idle_since = now;
       }
     }
   }

@@ -389,8 +389,8 @@ std::string Serialize(const http::message<kIsRequest, http::string_body>& m, boo
   return out;
 }
 
-// The access log names a key by this hash, not by the key itself. Computed for every request
-// with a key; formatted (KeyHashText) only when the line is written.
+// The access log names a key by this hash, not by the key itself. Computed only when the
+// access log is on (its level is fixed at start), and formatted (KeyHashText) with the line.
 std::size_t KeyHash(std::string_view scope, std::string_view key) {
   return std::hash<std::string_view>{}(key) ^
          (std::hash<std::string_view>{}(scope)*0x9e3779b97f4a7c15ULL);
@@ -873,7 +873,7 @@ struct Server::Impl {
   struct Answer {
     Response res;
     Outcome outcome;
-    std::optional<std::size_t> key_hash{};  // KeyHash; none without a key
+    std::optional<std::size_t> key_hash{};  // KeyHash; none without a key or access log
     unsigned upstream_status = 0;
     const Route* route = nullptr;
     std::optional<StoredResponse> replay{};  // a replay: sent as stored, `res` unused
@@ -966,7 +966,7 @@ struct Server::Impl {
             ? PrincipalScope(route->scope, principal, *config.principal_secret_secondary)
             : std::string();
     Answer a = co_await Gate(w, req, *route, scope, secondary, key, *fp);
-    a.key_hash = KeyHash(scope, key);
+    if (log.Enabled(Level::kInfo)) a.key_hash = KeyHash(scope, key);
     co_return a;
   }
 
