@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/url_text.h"
+
 namespace idem {
 
 std::string_view SupportedStoreUrls() {
@@ -11,12 +13,16 @@ std::string_view SupportedStoreUrls() {
 }
 
 Result<StoreConfig> ParseStoreUrl(std::string_view url) {
-  const std::string quoted = "store URL \"" + std::string(url) + "\"";
+  if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
+    return InvalidArgumentError("store URL: " + core::ControlByteMessage(url, at));
+  }
+  // An unknown scheme's URL may still hold a password ("rediss2://:secret@host").
+  const std::string quoted = "store URL \"" + core::RedactUrlPassword(url) + "\"";
   const auto colon = url.find(':');
   if (colon == std::string_view::npos || colon == 0) {
     std::string hint;
     if (!url.empty() && (url[0] == '/' || url[0] == '.')) {
-      hint = " (for a log store directory write log:" + std::string(url) + ")";
+      hint = " (for a log store directory write log:" + core::RedactUrlPassword(url) + ")";
     }
     return InvalidArgumentError(quoted + " has no scheme" + hint +
                                 "; supported: " + std::string(SupportedStoreUrls()));

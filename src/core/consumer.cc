@@ -531,7 +531,7 @@ struct Consumer::Impl {
       if (item.lease_lost) return Ran::kLeaseLost;
 
       if (verdict.verdict == Verdict::kSuccess) {
-        completions.emplace_back(index, Outcome::kSuccess, std::move(verdict.detail));
+        completions.push_back({index, Outcome::kSuccess, std::move(verdict.detail)});
         item.executed = true;
         return Ran::kSettled;
       }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "core/url_text.h"
 #include "idem/stores/log.h"
 #include "stores/log/batch.h"
 #include "stores/log/codec.h"
@@ -80,6 +81,9 @@ Result<std::optional<std::uint64_t>> StoreSalt(const std::vector<OpenedFile>& fi
 
 Result<LogStoreOptions> ParseLogStoreUrl(std::string_view url) {
   constexpr std::string_view kScheme = "log:";
+  if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
+    return InvalidArgumentError("log store URL: " + core::ControlByteMessage(url, at));
+  }
   if (url.substr(0, kScheme.size()) != kScheme) {
     return InvalidArgumentError("store URL \"" + std::string(url) + "\" is not log:PATH");
   }

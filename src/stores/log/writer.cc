@@ -61,10 +61,12 @@ Result<std::pair<SyncMode, std::chrono::milliseconds>> ParseSyncMode(std::string
   if (text.substr(0, kInterval.size()) == kInterval) {
     std::string_view num = text.substr(kInterval.size());
     std::int64_t ms = 0;
+    // At most 9 digits (under 12 days), so ms cannot overflow: a longer number is refused
+    // before it is summed.
     bool ok = !num.empty() && num.size() <= 9;
-    for (char c : num) {
-      if (c < '0' || c > '9') ok = false;
-      ms = ms * 10 + (c - '0');
+    for (std::size_t i = 0; ok && i < num.size(); ++i) {
+      if (num[i] < '0' || num[i] > '9') ok = false;
+      ms = ms * 10 + (num[i] - '0');
     }
     if (ok && ms > 0) return Mode{SyncMode::kInterval, std::chrono::milliseconds(ms)};
   }

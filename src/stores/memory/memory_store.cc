@@ -212,17 +212,20 @@ SessionInfo MakeSessionInfo(const Session& s) {
   return info;
 }
 
-// Built in place: the answer is not moved on its way out.
+// Built in place: the answer is not moved on its way out. (Each kind is spelled out, braced:
+// clang 14, which builds the fuzz targets, has no parenthesised aggregate initialisation.)
 Result<BeginAnswer> ToAnswer(const core::BeginDecision& d, std::string_view response) {
   switch (d.kind) {
     case core::BeginKind::kAcquired:
-      return Result<BeginAnswer>(std::in_place, std::in_place_type<Acquired>, d.next.token,
-                                 d.next.attempt, d.next.lease_deadline, d.takeover);
+      return Result<BeginAnswer>(
+          std::in_place, std::in_place_type<Acquired>,
+          Acquired{d.next.token, d.next.attempt, d.next.lease_deadline, d.takeover});
     case core::BeginKind::kBusy:
-      return Result<BeginAnswer>(std::in_place, std::in_place_type<Busy>, d.next.lease_deadline);
+      return Result<BeginAnswer>(std::in_place, std::in_place_type<Busy>,
+                                 Busy{d.next.lease_deadline});
     case core::BeginKind::kReplay:
-      return Result<BeginAnswer>(std::in_place, std::in_place_type<Replay>, d.next.outcome,
-                                 std::string(response), d.next.attempt);
+      return Result<BeginAnswer>(std::in_place, std::in_place_type<Replay>,
+                                 Replay{d.next.outcome, std::string(response), d.next.attempt});
     case core::BeginKind::kConflict:
       break;
   }

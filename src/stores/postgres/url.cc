@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/duration_text.h"
+#include "core/url_text.h"
 #include "idem/stores/postgres.h"
 #include "stores/postgres/schema.h"
 
@@ -73,9 +74,10 @@ Status CheckLibpqValue(std::string_view name, std::string_view value) {
   return OkStatus();
 }
 
-}  // namespace
-
-Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
+Result<PostgresStoreOptions> ParseUrl(std::string_view url) {
+  if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
+    return Bad(core::ControlByteMessage(url, at));
+  }
   if (!url.starts_with("postgres://") && !url.starts_with("postgresql://")) {
     return Bad("\"" + std::string(url.substr(0, url.find(':'))) +
                ":\" is not postgres:// or postgresql://");
@@ -137,7 +139,8 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
     std::string why = error != nullptr ? error : "libpq cannot parse it";
     if (error != nullptr) PQfreemem(error);
     while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
-    return Bad(why);
+    // libpq quotes the URI, or the part it refuses, password and all.
+    return Bad(core::RedactUrlPasswordIn(why, conninfo));
   }
   Status values = OkStatus();
   for (const PQconninfoOption* opt = parsed; opt->keyword != nullptr && values.ok(); ++opt) {
@@ -147,6 +150,16 @@ Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
   if (!values.ok()) return values;
   o.conninfo = std::move(conninfo);
   return o;
+}
+
+}  // namespace
+
+// Every message is about `url`, and some quote a part of it (libpq's, a schema name): none
+// may show its password.
+Result<PostgresStoreOptions> ParsePostgresStoreUrl(std::string_view url) {
+  Result<PostgresStoreOptions> o = ParseUrl(url);
+  if (o.has_value()) return o;
+  return Status(o.error().code(), core::RedactUrlPasswordIn(o.error().message(), url));
 }
 
 }  // namespace idem

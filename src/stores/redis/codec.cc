@@ -9,6 +9,7 @@ namespace idem::redis {
 namespace {
 
 constexpr char kLowerHex[] = "0123456789abcdef";
+constexpr std::int64_t kMaxStoredMs = std::int64_t{1} << 47;  // i6: the stored times' bound
 constexpr char kUpperHex[] = "0123456789ABCDEF";
 
 int HexValue(char c, bool upper) {
@@ -158,6 +159,11 @@ Result<StoredRecord> DecodeRecord(std::string_view value, std::int64_t key_expir
       return Damaged("a compact record that is not a number below 2^53");
     }
     if (key_expiry_ms < 0) return Damaged("a compact record on a key without an expiry");
+    // The wide form's times are 6-byte signed: a key set to expire later than that (by hand:
+    // the scripts never do) is not one of ours, and its token would overflow.
+    if (key_expiry_ms >= kMaxStoredMs) {
+      return Damaged("a compact record on a key expiring beyond the stored times' range");
+    }
     const auto ttl = static_cast<std::int64_t>(n & ((1u << 28) - 1));
     const std::uint64_t zt = (n >> 28) & ((1u << 21) - 1);
     const std::uint64_t top = n >> 49;

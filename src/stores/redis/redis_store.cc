@@ -1027,6 +1027,9 @@ Status RefuseEviction(redis::Router& router) {
 }  // namespace
 
 Result<RedisStoreOptions> ParseRedisStoreUrl(std::string_view url) {
+  if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
+    return InvalidArgumentError("Redis store URL: " + core::ControlByteMessage(url, at));
+  }
   RedisStoreOptions o;
   std::string_view rest;
   if (url.substr(0, 8) == "redis://") {
