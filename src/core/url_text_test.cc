@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+
 namespace idem::core {
 namespace {
 
@@ -33,6 +36,26 @@ TEST(RedactUrlPasswordTest, LeavesUrlsWithoutAPasswordAlone) {
         "memory:", "redis://h:1/0?prefix=pw", "postgres://db/x?old_password=1", ""}) {
     EXPECT_EQ(RedactUrlPassword(url), url);
   }
+}
+
+// libpq's messages quote the URI, or only the token they refuse (which may be the password).
+TEST(RedactUrlPasswordInTest, HidesThePasswordsWhereverAMessageQuotesThem) {
+  const std::string url = "postgres://app:s3cret@[db?password=other";
+  EXPECT_EQ(RedactUrlPasswordIn("bad URI: \"" + url + "\"", url),
+            "bad URI: \"postgres://app:***@[db?password=***\"");
+  EXPECT_EQ(RedactUrlPasswordIn("invalid token: \"s3cret\", \"other\"", url),
+            "invalid token: \"***\", \"***\"");
+  // Nothing to hide: the message as it is.
+  EXPECT_EQ(RedactUrlPasswordIn("no host in \"postgres://app@\"", "postgres://app@"),
+            "no host in \"postgres://app@\"");
+}
+
+TEST(FirstControlByteTest, FindsTheFirstByteBelowSpaceOrDelete) {
+  EXPECT_EQ(FirstControlByte("log:/var/lib/idem dir"), std::string_view::npos);
+  EXPECT_EQ(FirstControlByte(std::string_view("log:/a\0b", 8)), 6u);
+  EXPECT_EQ(FirstControlByte("redis://h\x7f"), 9u);
+  EXPECT_EQ(ControlByteMessage(std::string_view("log:/a\0b", 8), 6),
+            "a control byte (0x00) at offset 6; a URL is printable text");
 }
 
 TEST(AppendLogQuotedTest, NoValueCanEndItsFieldOrTheLine) {
