@@ -5,29 +5,25 @@
 // failing.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
 #include "consume/config.h"
+#include "fuzz_checks.h"
 #include "gateway/config.h"
-#include "idem/status.h"
 
 namespace {
 
-constexpr std::string_view kFile = "fuzz.toml";
+constexpr const char* kTarget = "config_fuzz";
 
 [[noreturn]] void Violation(const char* what, std::string_view detail) {
-  std::fprintf(stderr, "config_fuzz: %s\n%.*s\n", what, static_cast<int>(detail.size()),
-               detail.data());
-  std::abort();
+  idem::fuzz::Violation(kTarget, what, detail);
 }
 
+constexpr std::string_view kFile = "fuzz.toml";
+
 void CheckRejection(const idem::Status& s) {
-  if (s.code() != idem::StatusCode::kInvalidArgument) {
-    Violation("rejection is not kInvalidArgument", s.ToString());
-  }
+  idem::fuzz::CheckRejection(kTarget, s, idem::StatusCode::kInvalidArgument);
   if (s.message().substr(0, kFile.size() + 1) != std::string(kFile) + ":") {
     Violation("a rejection that does not name the file", s.message());
   }

@@ -6,29 +6,26 @@
 // scripts) makes of the decoded fields: the decoders neither invent nor drop a byte.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
 
+#include "fuzz_checks.h"
 #include "stores/redis/codec.h"
 #include "stores/redis/scripts.h"
 
 namespace {
 
-namespace redis = idem::redis;
+constexpr const char* kTarget = "redis_codec_fuzz";
 
 [[noreturn]] void Violation(const char* what, std::string_view detail) {
-  std::fprintf(stderr, "redis_codec_fuzz: %s\n%.*s\n", what, static_cast<int>(detail.size()),
-               detail.data());
-  std::abort();
+  idem::fuzz::Violation(kTarget, what, detail);
 }
 
+namespace redis = idem::redis;
+
 void CheckRejection(const idem::Status& s) {
-  if (s.code() != idem::StatusCode::kDataLoss)
-    Violation("rejection is not kDataLoss", s.ToString());
-  if (s.message().empty()) Violation("rejection without a message", s.ToString());
+  idem::fuzz::CheckRejection(kTarget, s, idem::StatusCode::kDataLoss);
 }
 
 // Little-endian fixed-width fields, as Redis's struct.pack writes them.

@@ -7,8 +7,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,24 +15,21 @@
 #include "core/duration_text.h"
 #include "core/machine.h"
 #include "core/url_text.h"
+#include "fuzz_checks.h"
 #include "gateway/config_values.h"
-#include "idem/status.h"
 
 namespace {
 
-constexpr std::string_view kSecret = "Qx7SeCrEtQx7";
+constexpr const char* kTarget = "store_url_fuzz";
 
 [[noreturn]] void Violation(const char* what, std::string_view detail) {
-  std::fprintf(stderr, "store_url_fuzz: %s\n%.*s\n", what, static_cast<int>(detail.size()),
-               detail.data());
-  std::abort();
+  idem::fuzz::Violation(kTarget, what, detail);
 }
 
+constexpr std::string_view kSecret = "Qx7SeCrEtQx7";
+
 void CheckRejection(const idem::Status& s) {
-  if (s.code() != idem::StatusCode::kInvalidArgument) {
-    Violation("rejection is not kInvalidArgument", s.ToString());
-  }
-  if (s.message().empty()) Violation("rejection without a message", s.ToString());
+  idem::fuzz::CheckRejection(kTarget, s, idem::StatusCode::kInvalidArgument);
 }
 
 void CheckUrl(const std::string& url, bool has_secret) {
