@@ -12,7 +12,23 @@ std::string_view SupportedStoreUrls() {
          "postgres://USER@HOST:PORT/DB[?schema=NAME]";
 }
 
+namespace {
+
+Result<StoreConfig> ParseUrl(std::string_view url);
+
+}  // namespace
+
+// Whatever part of the URL a message quotes (a log store's bad sync value, libpq's token), no
+// password the URL holds is shown.
 Result<StoreConfig> ParseStoreUrl(std::string_view url) {
+  Result<StoreConfig> config = ParseUrl(url);
+  if (config.has_value()) return config;
+  return Status(config.error().code(), core::RedactUrlPasswordIn(config.error().message(), url));
+}
+
+namespace {
+
+Result<StoreConfig> ParseUrl(std::string_view url) {
   if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
     return InvalidArgumentError("store URL: " + core::ControlByteMessage(url, at));
   }
@@ -52,6 +68,8 @@ Result<StoreConfig> ParseStoreUrl(std::string_view url) {
   return InvalidArgumentError(quoted + ": unknown scheme \"" + std::string(scheme) +
                               ":\"; supported: " + std::string(SupportedStoreUrls()));
 }
+
+}  // namespace
 
 Result<std::unique_ptr<Store>> OpenStore(const StoreConfig& config) {
   if (const auto* log = std::get_if<LogStoreOptions>(&config)) return OpenLogStore(*log);

@@ -114,7 +114,20 @@ std::optional<std::string> CheckHeaderName(std::string_view name) {
   return Quote(name) + " is not a header name (letters, digits and !#$%&'*+-.^_`|~ only)";
 }
 
+namespace {
+std::optional<std::string> CheckStoreUrlText(std::string_view url);
+}  // namespace
+
+// Whatever part of the URL a message quotes, no password the URL holds is shown.
 std::optional<std::string> CheckStoreUrl(std::string_view url) {
+  std::optional<std::string> wrong = CheckStoreUrlText(url);
+  if (wrong) *wrong = core::RedactUrlPasswordIn(*wrong, url);
+  return wrong;
+}
+
+namespace {
+
+std::optional<std::string> CheckStoreUrlText(std::string_view url) {
   constexpr std::string_view kForms =
       "memory:, log:DIR[?sync=always|interval:MS|none], redis://HOST:PORT, "
       "redis+cluster://HOST:PORT,HOST:PORT, postgres://...";
@@ -156,6 +169,8 @@ std::optional<std::string> CheckStoreUrl(std::string_view url) {
   return Quote(shown) + ": unknown scheme " + Quote(std::string(scheme) + ":") +
          "; forms: " + std::string(kForms);
 }
+
+}  // namespace
 
 // ---- the option table: one row per top-level option, shared by the file, flags and help ----
 
