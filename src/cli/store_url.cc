@@ -32,13 +32,12 @@ Result<StoreConfig> ParseUrl(std::string_view url) {
   if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
     return InvalidArgumentError("store URL: " + core::ControlByteMessage(url, at));
   }
-  // An unknown scheme's URL may still hold a password ("rediss2://:secret@host").
-  const std::string quoted = "store URL \"" + core::RedactUrlPassword(url) + "\"";
+  const std::string quoted = "store URL \"" + std::string(url) + "\"";
   const auto colon = url.find(':');
   if (colon == std::string_view::npos || colon == 0) {
     std::string hint;
     if (!url.empty() && (url[0] == '/' || url[0] == '.')) {
-      hint = " (for a log store directory write log:" + core::RedactUrlPassword(url) + ")";
+      hint = " (for a log store directory write log:" + std::string(url) + ")";
     }
     return InvalidArgumentError(quoted + " has no scheme" + hint +
                                 "; supported: " + std::string(SupportedStoreUrls()));

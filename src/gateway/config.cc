@@ -134,20 +134,18 @@ std::optional<std::string> CheckStoreUrlText(std::string_view url) {
   if (const std::size_t at = core::FirstControlByte(url); at != std::string_view::npos) {
     return core::ControlByteMessage(url, at);
   }
-  // What this quotes, a URL of an unknown scheme included, keeps its password to itself.
-  const std::string shown = core::RedactUrlPassword(url);
   const auto colon = url.find(':');
   if (colon == std::string_view::npos || colon == 0) {
     std::string hint;
     if (!url.empty() && (url[0] == '/' || url[0] == '.')) {
-      hint = " (for a log store directory write log:" + shown + ")";
+      hint = " (for a log store directory write log:" + std::string(url) + ")";
     }
-    return Quote(shown) + " has no scheme" + hint + "; forms: " + std::string(kForms);
+    return Quote(url) + " has no scheme" + hint + "; forms: " + std::string(kForms);
   }
   const std::string_view scheme = url.substr(0, colon);
   const std::string_view rest = url.substr(colon + 1);
   if (scheme == "memory") {
-    if (!rest.empty()) return Quote(shown) + ": memory: takes no path or options";
+    if (!rest.empty()) return Quote(url) + ": memory: takes no path or options";
     return std::nullopt;
   }
   if (scheme == "log") {
@@ -165,8 +163,8 @@ std::optional<std::string> CheckStoreUrlText(std::string_view url) {
     if (auto parsed = ParsePostgresStoreUrl(url); !parsed) return parsed.error().message();
     return std::nullopt;
   }
-  if (scheme == "rediss") return Quote(shown) + ": TLS to the store is not supported";
-  return Quote(shown) + ": unknown scheme " + Quote(std::string(scheme) + ":") +
+  if (scheme == "rediss") return Quote(url) + ": TLS to the store is not supported";
+  return Quote(url) + ": unknown scheme " + Quote(std::string(scheme) + ":") +
          "; forms: " + std::string(kForms);
 }
 
